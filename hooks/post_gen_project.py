@@ -1,0 +1,105 @@
+"""Remove what the answers did not choose, then print the next steps.
+
+Every step tolerates a file that is already gone, so the hook can run again (cruft re-runs it on
+`cruft diff` and `cruft update`). It never reads a terminal, never uses the network, never runs git.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
+
+PROJECT = Path.cwd()
+PACKAGE = Path("src") / ANSWERS["package_name"]
+CONFIGS = PACKAGE / "configs"
+
+VISION_FILES = [
+    PACKAGE / "data" / "digits.py",
+    PACKAGE / "data" / "mnist.py",
+    PACKAGE / "data" / "assets" / "digits.csv.gz",
+    PACKAGE / "data" / "assets" / "DIGITS_LICENSE.md",
+    PACKAGE / "models" / "image_classifier.py",
+    PACKAGE / "models" / "nets" / "convnet.py",
+    CONFIGS / "data" / "digits.yaml",
+    CONFIGS / "data" / "mnist.yaml",
+    CONFIGS / "model" / "digits_convnet.yaml",
+    CONFIGS / "model" / "mnist_convnet.yaml",
+    CONFIGS / "experiment" / "digits.yaml",
+    CONFIGS / "experiment" / "mnist.yaml",
+    Path("tests") / "test_vision.py",
+]
+LANGUAGE_FILES = [
+    PACKAGE / "data" / "text.py",
+    PACKAGE / "models" / "language_model.py",
+    PACKAGE / "models" / "nets" / "gpt.py",
+    CONFIGS / "data" / "stdlib_text.yaml",
+    CONFIGS / "model" / "gpt_tiny.yaml",
+    CONFIGS / "model" / "gpt2_small.yaml",
+    CONFIGS / "experiment" / "language.yaml",
+    CONFIGS / "experiment" / "gpt2_small.yaml",
+    Path("tests") / "test_language.py",
+]
+LOGGER_FILES = {
+    "wandb": [CONFIGS / "logger" / "wandb.yaml"],
+    "tensorboard": [CONFIGS / "logger" / "tensorboard.yaml"],
+    "csv": [],
+}
+GITHUB_FILES = [Path(".github")]
+DOCKER_FILES = [Path("Dockerfile"), Path(".dockerignore")]
+LICENSE_FILES = [Path("LICENSE")]
+
+
+def remove(relative: Path) -> None:
+    path = PROJECT / relative
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def unchosen_files(answers: dict) -> list[Path]:
+    paths: list[Path] = []
+    if answers["examples"] == "language":
+        paths += VISION_FILES
+    if answers["examples"] == "vision":
+        paths += LANGUAGE_FILES
+    for logger, files in LOGGER_FILES.items():
+        if logger != answers["logger"]:
+            paths += files
+    if answers["github_actions"] != "yes":
+        paths += GITHUB_FILES
+    if answers["dockerfile"] != "yes":
+        paths += DOCKER_FILES
+    if answers["license"] == "none":
+        paths += LICENSE_FILES
+    return paths
+
+
+def next_steps(answers: dict) -> str:
+    package = answers["package_name"]
+    slug = answers["project_slug"]
+    return "\n".join(
+        [
+            "",
+            f"Created {slug}. Next steps:",
+            f"  cd {slug}",
+            "  python -m venv .venv && . .venv/bin/activate",
+            "  make install          # CPU torch wheel if no GPU, then the project and its dev tools",
+            f"  {package}-train       # train the default experiment on its bundled data",
+            "  make test             # the project's own tests",
+            "",
+        ]
+    )
+
+
+def main() -> int:
+    for path in unchosen_files(ANSWERS):
+        remove(path)
+    print(next_steps(ANSWERS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

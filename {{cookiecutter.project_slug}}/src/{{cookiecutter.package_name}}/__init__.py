@@ -1,0 +1,3 @@
+"""Lightning modules, data modules and Hydra configs for training."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,113 @@
+"""Samples/s, tokens/s, achieved TFLOP/s and MFU, measured without a host sync per step.
+
+The clock is read on the host once every `log_every_n_steps` steps. The host runs ahead of the
+GPU by at most a few queued steps, so over a window of many steps the host clock measures the
+GPU's pace without `torch.cuda.synchronize()`. The first window (compilation, warm-up) and any
+window that spans a validation run are not reported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+# Dense (no sparsity) peak TFLOP/s per GPU from the vendors' data sheets: 16-bit tensor cores
+# (bf16/fp16) and TF32. Longer names first: "H100 NVL" must match before "H100".
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 NVL": {"bf16": 835.0, "tf32": 418.0},
+    "H100 PCIe": {"bf16": 756.0, "tf32": 378.0},
+    "H200 NVL": {"bf16": 835.0, "tf32": 418.0},
+    "GH200": {"bf16": 989.0, "tf32": 494.0},
+    "H100": {"bf16": 989.0, "tf32": 494.0},
+    "H200": {"bf16": 989.0, "tf32": 494.0},
+    "B200": {"bf16": 2250.0, "tf32": 1100.0},
+    "A100": {"bf16": 312.0, "tf32": 156.0},
+    "L40S": {"bf16": 362.0, "tf32": 183.0},
+    "L4": {"bf16": 121.0, "tf32": 60.0},
+    "A10": {"bf16": 125.0, "tf32": 62.5},
+    "RTX 4090": {"bf16": 165.0, "tf32": 82.6},
+}
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The table's peak for this GPU name and Lightning precision string, or None if unknown."""
+    column = "bf16" if precision.startswith(("bf16", "16")) else "tf32"
+    for name, peaks in PEAK_TFLOPS.items():
+        if name in device_name:
+            return peaks[column]
+    return None
+
+
+class Throughput(Callback):
+    """Logs `perf/*` every `log_every_n_steps` training steps.
+
+    The LightningModule may define `flops_per_sample` (training FLOPs, forward and backward) and
+    `tokens_per_sample`; without them only samples/s is logged. `peak_tflops` overrides the table.
+    """
+
+    def __init__(self, log_every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
+        self.log_every_n_steps = log_every_n_steps
+        self.peak_override = peak_tflops
+        self.peak: float | None = None
+        self._window_start: float | None = None
+        self._window_samples = 0
+        self._window_steps = 0
+        self._skip_window = True
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.peak = self.peak_override
+        if self.peak is None and pl_module.device.type == "cuda":
+            name = torch.cuda.get_device_name(pl_module.device)
+            self.peak = peak_tflops(name, str(trainer.precision))
+
+    def _restart_window(self, skip: bool) -> None:
+        self._window_start = time.perf_counter()
+        self._window_samples = 0
+        self._window_steps = 0
+        self._skip_window = skip
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restart_window(skip=self._window_start is None)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restart_window(skip=True)
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        inputs = batch[0] if isinstance(batch, (list, tuple)) else batch
+        self._window_samples += int(inputs.shape[0])
+        self._window_steps += 1
+        if self._window_steps < self.log_every_n_steps or self._window_start is None:
+            return
+        elapsed = time.perf_counter() - self._window_start
+        if not self._skip_window and elapsed > 0:
+            pl_module.log_dict(self.metrics(pl_module, self._window_samples / elapsed, trainer))
+        self._restart_window(skip=False)
+
+    def metrics(
+        self, pl_module: L.LightningModule, samples_per_sec: float, trainer: L.Trainer
+    ) -> dict[str, float]:
+        metrics = {
+            "perf/samples_per_sec": samples_per_sec,
+            "perf/global_samples_per_sec": samples_per_sec * trainer.world_size,
+        }
+        tokens = getattr(pl_module, "tokens_per_sample", None)
+        if tokens:
+            metrics["perf/tokens_per_sec"] = samples_per_sec * tokens
+        flops = getattr(pl_module, "flops_per_sample", None)
+        if flops:
+            tflops = samples_per_sec * flops / 1e12
+            metrics["perf/tflops"] = tflops
+            if self.peak:
+                metrics["perf/mfu"] = tflops / self.peak
+        return metrics

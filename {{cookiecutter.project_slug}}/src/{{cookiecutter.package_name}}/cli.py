@@ -1,0 +1,44 @@
+"""Console scripts. Hydra parses and composes the config here; torch and Lightning are imported only
+once a run really starts, so `--help`, `--cfg job` and tab completion answer at once."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import ConfigError
+
+
+def _run(task: Any, cfg: DictConfig) -> float | None:
+    extras = cfg.get("extras") or {}
+    if extras.get("ignore_warnings"):
+        warnings.filterwarnings("ignore")
+    if extras.get("print_config"):
+        print(OmegaConf.to_yaml(cfg, resolve=True))
+    try:
+        metrics = task(cfg)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    name = cfg.get("optimized_metric")
+    return metrics.get(name) if name else None
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def train(cfg: DictConfig) -> float | None:
+    """Train, then test the best checkpoint; returns `optimized_metric` for sweepers."""
+    from .train import train as run_training
+
+    return _run(run_training, cfg)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="eval")
+def evaluate(cfg: DictConfig) -> float | None:
+    """Test a checkpoint written by `train`."""
+    from .evaluate import evaluate as run_evaluation
+
+    return _run(run_evaluation, cfg)

@@ -1,0 +1,1 @@
+"""Hydra config tree; a package so Hydra finds it in an installed wheel."""

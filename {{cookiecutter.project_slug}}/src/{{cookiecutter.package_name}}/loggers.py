@@ -1,0 +1,77 @@
+"""Instantiating loggers and callbacks from their config groups."""
+
+from __future__ import annotations
+
+import logging
+{%- if cookiecutter.logger == "wandb" %}
+import netrc
+import os
+{%- endif %}
+from typing import Any
+{%- if cookiecutter.logger == "wandb" %}
+from urllib.parse import urlparse
+{%- endif %}
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+NEEDS_A_LOGGER = ("LearningRateMonitor",)
+
+
+def instantiate_group(group: DictConfig | None) -> list[Any]:
+    """Instantiate each named entry (`name: {_target_: ...}`) of a callbacks or logger group."""
+    if not group:
+        return []
+    return [
+        instantiate(node)
+        for node in group.values()
+        if isinstance(node, DictConfig) and "_target_" in node
+    ]
+
+
+def instantiate_callbacks(group: DictConfig | None, have_logger: bool) -> list[Any]:
+    callbacks = instantiate_group(group)
+    if have_logger:
+        return callbacks
+    dropped = [c for c in callbacks if type(c).__name__ in NEEDS_A_LOGGER]
+    for callback in dropped:
+        log.info("No logger configured: %s is off.", type(callback).__name__)
+    return [c for c in callbacks if c not in dropped]
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def wandb_login_present() -> bool:
+    """True when wandb has an API key: the environment, or a `wandb login` entry in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def prepare_wandb(group: DictConfig | None) -> None:
+    """With no wandb login, log offline (one line says so) instead of prompting or failing."""
+    node = group.get("wandb") if group else None
+    if node is None or node.get("offline"):
+        return
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return
+    if not wandb_login_present():
+        node.offline = True
+        log.warning(
+            "wandb: no login found, logging offline under %s; after `wandb login`, upload "
+            "with `wandb sync <that folder>/wandb/offline-run-*`.",
+            node.get("save_dir"),
+        )
+{%- endif %}
+
+
+def instantiate_loggers(group: DictConfig | None) -> list[Any]:
+{%- if cookiecutter.logger == "wandb" %}
+    prepare_wandb(group)
+{%- endif %}
+    return instantiate_group(group)

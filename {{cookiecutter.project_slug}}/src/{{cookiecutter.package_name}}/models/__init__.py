@@ -1,0 +1,1 @@
+"""LightningModules (training logic); the networks they train live in `nets`."""

@@ -1,0 +1,1 @@
+"""Plain `nn.Module` networks: no training logic, no Lightning."""

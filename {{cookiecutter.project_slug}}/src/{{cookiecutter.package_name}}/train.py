@@ -1,0 +1,87 @@
+"""The training recipe: compose -> instantiate -> fit -> test the best checkpoint -> metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from .callbacks import RunConfigInCheckpoint
+from .loggers import instantiate_callbacks, instantiate_loggers
+from .runtime import (
+    configure_matmul_precision,
+    resolve_accelerator,
+    resolve_precision,
+    use_hydra_logging_only,
+)
+
+log = logging.getLogger(__name__)
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
+    accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
+    precision = resolve_precision(str(cfg.trainer.precision), accelerator)
+    configure_matmul_precision(cfg.get("matmul_precision"))
+    use_hydra_logging_only()
+    log.info("Accelerator %s, precision %s", accelerator, precision)
+    return instantiate(
+        cfg.trainer,
+        accelerator=accelerator,
+        precision=precision,
+        callbacks=callbacks,
+        logger=loggers or False,
+    )
+
+
+def run_config(cfg: DictConfig) -> dict[str, Any]:
+    """What `eval` needs to rebuild the model and data from a checkpoint: plain values only."""
+    return {
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+    }
+
+
+def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
+    path = Path(output_dir) / "metrics.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    summary = "  ".join(f"{name}={value:.4f}" for name, value in sorted(metrics.items()))
+    log.info("Metrics: %s", summary)
+    log.info("Outputs in %s", output_dir)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    model = instantiate(cfg.model)
+    loggers = instantiate_loggers(cfg.get("logger"))
+    callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
+    callbacks.append(RunConfigInCheckpoint(run_config(cfg)))
+    trainer = build_trainer(cfg, callbacks, loggers)
+    for logger in loggers:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    metrics = scalars(trainer.callback_metrics)
+
+    if cfg.get("test"):
+        checkpointing = trainer.checkpoint_callback
+        best = checkpointing.best_model_path if isinstance(checkpointing, ModelCheckpoint) else ""
+        log.info("Testing %s", best or "the weights in memory (no checkpoint was saved)")
+        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+        metrics.update(scalars(trainer.callback_metrics))
+
+    metrics.update(getattr(datamodule, "baseline", {}))
+    write_metrics(metrics, cfg.paths.output_dir)
+    return metrics

@@ -1,0 +1,72 @@
+"""Every config of every group composes; the instantiable ones instantiate on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from .helpers import CONFIG_DIR, ComposeFn
+
+GROUPS = ["data", "model", "trainer", "callbacks", "logger", "debug", "experiment"]
+OPTIONS = [
+    (group, path.stem) for group in GROUPS for path in sorted((CONFIG_DIR / group).glob("*.yaml"))
+]
+
+
+def test_every_group_has_options() -> None:
+    groups = {group for group, _ in OPTIONS}
+    assert groups == set(GROUPS)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_and_resolves(train_config: ComposeFn, group: str, option: str) -> None:
+    overrides = [f"{group}={option}"]
+    if group == "model" and "gpt" in option:
+        overrides.append("data=stdlib_text")  # the GPT reads its block size from the text data
+    cfg = train_config(*overrides)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    assert resolved["trainer"]["_target_"] == "lightning.pytorch.Trainer"
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml")))
+def test_data_instantiates(train_config: ComposeFn, option: str) -> None:
+    datamodule = instantiate(train_config(f"data={option}").data)
+    assert hasattr(datamodule, "train_dataloader")
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")))
+def test_model_instantiates(train_config: ComposeFn, option: str) -> None:
+    overrides = [f"model={option}"]
+    if "gpt" in option:
+        overrides.append("data=stdlib_text")
+    model = instantiate(train_config(*overrides).model)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_callbacks_and_loggers_instantiate(train_config: ComposeFn, tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.loggers import (
+        instantiate_callbacks,
+        instantiate_group,
+    )
+{%- if cookiecutter.logger == "csv" %}
+
+    cfg = train_config("logger=csv")
+{%- else %}
+
+    cfg = train_config("logger=[csv,{{ cookiecutter.logger }}]")
+{%- endif %}
+    callbacks = instantiate_callbacks(cfg.callbacks, have_logger=True)
+    names = {type(c).__name__ for c in callbacks}
+    assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput"} <= names
+    loggers = instantiate_group(cfg.logger)
+    assert len(loggers) == {% if cookiecutter.logger == "csv" %}1{% else %}2{% endif %}
+
+
+def test_eval_config_composes(eval_config: ComposeFn) -> None:
+    cfg = eval_config("ckpt_path=some.ckpt")
+    assert cfg.ckpt_path == "some.ckpt"
+    OmegaConf.to_container(cfg, resolve=True)

@@ -1,0 +1,147 @@
+"""What every run shares: machine settings, throughput, the command line, and its errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.callbacks.throughput import peak_tflops
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime import (
+    resolve_accelerator,
+    resolve_precision,
+)
+
+from .helpers import PACKAGE
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_precision_auto_is_32_on_cpu() -> None:
+    assert resolve_precision("auto", "cpu") == "32-true"
+    assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+
+
+@pytest.mark.parametrize(("bf16", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
+def test_precision_auto_on_gpu(monkeypatch: pytest.MonkeyPatch, bf16: bool, expected: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert resolve_precision("auto", "cuda") == expected
+
+
+@pytest.mark.parametrize("bad", ["16-mixed", "16-true"])
+def test_fp16_on_cpu_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="bf16-mixed or 32-true"):
+        resolve_precision(bad, "cpu")
+
+
+def test_unknown_precision_is_refused() -> None:
+    with pytest.raises(ConfigError, match="not one of"):
+        resolve_precision("fp8", "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")
+def test_gpu_without_cuda_is_refused() -> None:
+    with pytest.raises(ConfigError, match="trainer=cpu"):
+        resolve_accelerator("gpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", 989.0),
+        ("NVIDIA H100 PCIe", "bf16-mixed", 756.0),
+        ("NVIDIA H100 NVL", "bf16-mixed", 835.0),
+        ("NVIDIA H200", "bf16-mixed", 989.0),
+        ("NVIDIA B200", "bf16-true", 2250.0),
+        ("NVIDIA A100-SXM4-80GB", "16-mixed", 312.0),
+        ("NVIDIA A100-SXM4-80GB", "32-true", 156.0),
+        ("NVIDIA L4", "bf16-mixed", 121.0),
+        ("NVIDIA L40S", "bf16-mixed", 362.0),
+        ("Some Future GPU", "bf16-mixed", None),
+    ],
+)
+def test_peak_flops_table(name: str, precision: str, peak: float | None) -> None:
+    assert peak_tflops(name, precision) == peak
+
+
+def test_help_does_not_import_torch(tmp_path: Path) -> None:
+    probe = (
+        "import sys\n"
+        f"sys.argv = ['{PACKAGE}-train', '--help']\n"
+        f"from {PACKAGE}.cli import train\n"
+        "try:\n    train()\nexcept SystemExit:\n    pass\n"
+        "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_NOT_IMPORTED')\n"
+    )
+    result = run_cli("-c", probe, cwd=tmp_path)
+    assert "Config groups" in result.stdout
+    assert "TORCH_NOT_IMPORTED" in result.stdout
+
+
+def test_fast_dev_run_from_the_command_line(tmp_path: Path) -> None:
+    result = run_cli("-m", PACKAGE, "debug=fdr", "trainer=cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "logs" / "debug" / "runs").glob("*/metrics.json"))
+
+
+def test_unknown_config_option_fails_with_the_choices(tmp_path: Path) -> None:
+    result = run_cli("-m", PACKAGE, "data=nope", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Could not find 'data/nope'" in result.stderr
+    assert "Available options" in result.stderr
+
+
+def test_eval_of_a_missing_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
+    result = run_cli(
+        "-c",
+        f"from {PACKAGE}.cli import evaluate; evaluate()",
+        "ckpt_path=missing.ckpt",
+        "trainer=cpu",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def test_wandb_without_login_logs_offline_and_finishes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        "HOME": str(home),
+        "NETRC": str(home / ".netrc"),
+        "WANDB_API_KEY": "",
+        "WANDB_MODE": "",
+        "WANDB_CONFIG_DIR": str(home / ".config" / "wandb"),
+    }
+    result = run_cli(
+        "-m",
+        PACKAGE,
+        "debug=limit",
+        "logger=wandb",
+        "trainer=cpu",
+        "extras.print_config=false",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no login found, logging offline" in result.stderr + result.stdout
+    assert list(tmp_path.glob("logs/debug/runs/*/wandb/offline-run-*"))
+{%- endif %}
