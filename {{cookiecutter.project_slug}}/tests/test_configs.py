@@ -16,6 +16,15 @@ OPTIONS = [
 ]
 
 
+def experiment_using(group: str, option: str) -> list[str]:
+    """The experiment that selects this option, if any: models and data sets that depend on each
+    other (a model that reads a size from its data config) compose inside their experiment."""
+    for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml")):
+        if f"override /{group}: {option}" in path.read_text():
+            return [f"experiment={path.stem}"]
+    return []
+
+
 def test_every_group_has_options() -> None:
     groups = {group for group, _ in OPTIONS}
     assert groups == set(GROUPS)
@@ -23,10 +32,7 @@ def test_every_group_has_options() -> None:
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_resolves(train_config: ComposeFn, group: str, option: str) -> None:
-    overrides = [f"{group}={option}"]
-    if group == "model" and "gpt" in option:
-        overrides.append("data=stdlib_text")  # the GPT reads its block size from the text data
-    cfg = train_config(*overrides)
+    cfg = train_config(*experiment_using(group, option), f"{group}={option}")
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     assert resolved["trainer"]["_target_"] == "lightning.pytorch.Trainer"
@@ -40,10 +46,7 @@ def test_data_instantiates(train_config: ComposeFn, option: str) -> None:
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")))
 def test_model_instantiates(train_config: ComposeFn, option: str) -> None:
-    overrides = [f"model={option}"]
-    if "gpt" in option:
-        overrides.append("data=stdlib_text")
-    model = instantiate(train_config(*overrides).model)
+    model = instantiate(train_config(*experiment_using("model", option), f"model={option}").model)
     assert sum(p.numel() for p in model.parameters()) > 0
 
 

@@ -1,0 +1,202 @@
+"""Baking the template and reading what it produced."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+DEFAULTS = json.loads((TEMPLATE / "cookiecutter.json").read_text())
+CHOICES = {
+    key: value
+    for key, value in DEFAULTS.items()
+    if isinstance(value, list) and not key.startswith("_")
+}
+BINARY_SUFFIXES = {".gz"}
+GITHUB_EXPRESSION = re.compile(r"\$\{\{.*?\}\}")
+
+
+def answers_with(**overrides: str) -> dict[str, str]:
+    """The answers cookiecutter would use: the first choice of each list, then the overrides."""
+    answers = {key: value[0] for key, value in CHOICES.items()}
+    answers.update(overrides)
+    return answers
+
+
+def text_files(project: Path) -> list[Path]:
+    return [
+        path
+        for path in sorted(project.rglob("*"))
+        if path.is_file() and path.suffix not in BINARY_SUFFIXES
+    ]
+
+
+def leftover_template_syntax(project: Path) -> list[str]:
+    """Paths and lines where Jinja syntax survived rendering (GitHub's ${{ }} is allowed)."""
+    found = []
+    for path in sorted(project.rglob("*")):
+        relative = str(path.relative_to(project))
+        if "{{" in relative or "{%" in relative:
+            found.append(relative)
+    for path in text_files(project):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            line = GITHUB_EXPRESSION.sub("", line)
+            if "{{" in line or "}}" in line or "{%" in line or "%}" in line:
+                found.append(f"{path.relative_to(project)}:{number}: {line.strip()}")
+    return found
+
+
+def parse_structured_files(project: Path) -> dict[str, Any]:
+    """Parse every TOML, YAML and JSON file; a parse error fails the caller."""
+    parsed: dict[str, Any] = {}
+    for path in text_files(project):
+        text = path.read_text()
+        relative = str(path.relative_to(project))
+        if path.suffix == ".toml":
+            parsed[relative] = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            parsed[relative] = yaml.safe_load(text)
+        elif path.suffix == ".json":
+            parsed[relative] = json.loads(text)
+    return parsed
+
+
+def expected_files(answers: dict[str, str], package: str) -> set[str]:
+    """The exact file set a bake with these answers must produce."""
+    src = f"src/{package}"
+    configs = f"{src}/configs"
+    files = {
+        ".cookiecutter.json",
+        ".gitignore",
+        ".pre-commit-config.yaml",
+        "Makefile",
+        "README.md",
+        "pyproject.toml",
+        "scripts/install_torch.py",
+        f"{src}/__init__.py",
+        f"{src}/__main__.py",
+        f"{src}/cli.py",
+        f"{src}/errors.py",
+        f"{src}/evaluate.py",
+        f"{src}/loggers.py",
+        f"{src}/runtime.py",
+        f"{src}/train.py",
+        f"{src}/callbacks/__init__.py",
+        f"{src}/callbacks/run_config.py",
+        f"{src}/callbacks/throughput.py",
+        f"{src}/data/__init__.py",
+        f"{src}/data/base.py",
+        f"{src}/models/__init__.py",
+        f"{src}/models/optim.py",
+        f"{src}/models/nets/__init__.py",
+        f"{configs}/__init__.py",
+        f"{configs}/train.yaml",
+        f"{configs}/eval.yaml",
+        f"{configs}/local/.gitkeep",
+        f"{configs}/extras/default.yaml",
+        f"{configs}/hydra/default.yaml",
+        f"{configs}/paths/default.yaml",
+        f"{configs}/logger/csv.yaml",
+        f"{configs}/logger/none.yaml",
+        "tests/__init__.py",
+        "tests/conftest.py",
+        "tests/helpers.py",
+        "tests/test_configs.py",
+        "tests/test_runs.py",
+    }
+    files |= {f"{configs}/trainer/{name}.yaml" for name in ("default", "cpu", "gpu", "mps")}
+    files |= {f"{configs}/debug/{name}.yaml" for name in ("fdr", "overfit", "limit", "profiler")}
+    files |= {
+        f"{configs}/callbacks/{name}.yaml"
+        for name in (
+            "default",
+            "none",
+            "model_checkpoint",
+            "step_checkpoint",
+            "early_stopping",
+            "lr_monitor",
+            "progress_bar",
+            "model_summary",
+            "throughput",
+        )
+    }
+    if answers["examples"] in ("both", "vision"):
+        files |= {
+            f"{src}/data/digits.py",
+            f"{src}/data/mnist.py",
+            f"{src}/data/assets/digits.csv.gz",
+            f"{src}/data/assets/DIGITS_LICENSE.md",
+            f"{src}/models/image_classifier.py",
+            f"{src}/models/nets/convnet.py",
+            f"{configs}/data/digits.yaml",
+            f"{configs}/data/mnist.yaml",
+            f"{configs}/model/digits_convnet.yaml",
+            f"{configs}/model/mnist_convnet.yaml",
+            f"{configs}/experiment/digits.yaml",
+            f"{configs}/experiment/mnist.yaml",
+            "tests/test_vision.py",
+        }
+    if answers["examples"] in ("both", "language"):
+        files |= {
+            f"{src}/data/text.py",
+            f"{src}/models/language_model.py",
+            f"{src}/models/nets/gpt.py",
+            f"{configs}/data/stdlib_text.yaml",
+            f"{configs}/model/gpt_tiny.yaml",
+            f"{configs}/model/gpt2_small.yaml",
+            f"{configs}/experiment/language.yaml",
+            f"{configs}/experiment/gpt2_small.yaml",
+            "tests/test_language.py",
+        }
+    if answers["logger"] != "csv":
+        files.add(f"{configs}/logger/{answers['logger']}.yaml")
+    if answers["github_actions"] == "yes":
+        files.add(".github/workflows/ci.yaml")
+    if answers["dockerfile"] == "yes":
+        files |= {"Dockerfile", ".dockerignore"}
+    if answers["license"] != "none":
+        files.add("LICENSE")
+    return files
+
+
+def project_files(project: Path) -> set[str]:
+    return {
+        str(path.relative_to(project))
+        for path in project.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a baked project's own tools: this venv's tools, none of the outer
+    pytest's plugins, options or paths."""
+    leaks = ("PYTEST_", "COV_CORE_", "PYTHONPATH", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(leaks)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(command: list[str], cwd: Path, timeout: int = 900, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )

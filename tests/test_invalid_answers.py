@@ -1,0 +1,57 @@
+"""Bad answers stop generation with one line naming the field, the value and the rule; exit 1;
+nothing is left on disk."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import TEMPLATE, clean_env
+
+INVALID = {
+    "stdlib-shadow": ("package_name", "os"),
+    "starts-with-digit": ("package_name", "1abc"),
+    "dash": ("package_name", "a-b"),
+    "code-injection": ("package_name", "x; import os"),
+    "keyword": ("package_name", "class"),
+    "dependency-shadow": ("package_name", "torch"),
+    "uppercase": ("package_name", "MyPackage"),
+    "quote-injection": ("package_name", 'x"""; import os; """'),
+    "bad-slug": ("project_slug", "-bad slug-"),
+    "bad-email": ("author_email", "not-an-email"),
+    "newline-in-description": ("description", "line one\nline two"),
+    "empty-name": ("project_name", " "),
+}
+
+
+def run_cookiecutter(output_dir: Path, **answers: str) -> subprocess.CompletedProcess[str]:
+    overrides = [f"{key}={value}" for key, value in answers.items()]
+    return subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *overrides],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_answer_is_rejected(tmp_path: Path, case: str) -> None:
+    field, value = INVALID[case]
+    result = run_cookiecutter(tmp_path, **{field: value})
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"ERROR: {field}=")
+    assert list(tmp_path.iterdir()) == [], "a rejected bake must leave nothing on disk"
+
+
+def test_valid_defaults_from_the_command_line(tmp_path: Path) -> None:
+    result = run_cookiecutter(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["lightning-hydra-project"]
+    assert "lightning_hydra_project-train" in result.stdout
