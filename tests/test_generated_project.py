@@ -1,0 +1,49 @@
+"""Baked projects pass their own lint, type check and tests, installed into this venv with
+--no-deps and run in subprocesses with the outer pytest's environment removed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import Bake
+from .helpers import run
+
+COMBINATIONS = {
+    "defaults": ({}, "not gpu"),
+    "vision-tensorboard-py310": (
+        {"examples": "vision", "logger": "tensorboard", "python_version": "3.10", "license": "none"},
+        "not slow and not gpu",
+    ),
+    "language-csv-py313": (
+        {"examples": "language", "logger": "csv", "python_version": "3.13", "dockerfile": "no"},
+        "not slow and not gpu",
+    ),
+}
+
+
+def check(result: subprocess.CompletedProcess[str], what: str) -> None:
+    output = f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, f"{what} failed:\n{output}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(COMBINATIONS))
+def test_generated_project_passes_its_own_checks(bake: Bake, mypy_cache: Path, case: str) -> None:
+    answers, markers = COMBINATIONS[case]
+    result = bake(**answers)
+    assert result.exit_code == 0, result.exception
+    project = Path(result.project_path)
+    python = sys.executable
+
+    pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
+    check(run(pip, project), "pip install")
+    check(run([python, "-m", "ruff", "check", "."], project), "ruff check")
+    check(run([python, "-m", "ruff", "format", "--check", "."], project), "ruff format")
+    check(run([python, "-m", "mypy"], project, MYPY_CACHE_DIR=str(mypy_cache)), "mypy")
+    tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers], project)
+    check(tests, "pytest")
+    assert " passed" in tests.stdout and " failed" not in tests.stdout
