@@ -4,6 +4,8 @@ parse, and nothing of an option that was not chosen."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,25 @@ def test_no_template_text_file_looks_binary() -> None:
         if path.is_file() and path.suffix != ".gz" and is_binary(str(path))
     ]
     assert misjudged == []
+
+
+def test_post_generation_hook_runs_again_cleanly(bake: Bake) -> None:
+    """cruft re-runs the post-generation hook on `cruft update`: a second run changes nothing."""
+    from cookiecutter.environment import StrictEnvironment
+
+    result = bake(examples="vision", logger="csv", dockerfile="no", license="none")
+    project = Path(result.project_path)
+    before = project_files(project)
+    context = {"cookiecutter": json.loads((project / ".cookiecutter.json").read_text())}
+    hook = (TEMPLATE / "hooks" / "post_gen_project.py").read_text()
+    rendered = StrictEnvironment(context=context).from_string(hook).render(**context)
+    second = subprocess.run(
+        [sys.executable, "-c", rendered],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    assert second.returncode == 0, second.stderr
+    assert project_files(project) == before

@@ -16,8 +16,9 @@ from {{ cookiecutter.package_name }}.runtime import (
     resolve_accelerator,
     resolve_precision,
 )
+from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE
+from .helpers import PACKAGE, ComposeFn
 
 
 def run_cli(
@@ -79,6 +80,16 @@ def test_gpu_without_cuda_is_refused() -> None:
 )
 def test_peak_flops_table(name: str, precision: str, peak: float | None) -> None:
     assert peak_tflops(name, precision) == peak
+
+
+@pytest.mark.parametrize("preset", ["fdr", "limit", "overfit", "profiler"])
+def test_debug_preset_trains(train_config: ComposeFn, preset: str) -> None:
+    cfg = train_config(f"debug={preset}", "trainer.max_epochs=2")
+    metrics = train(cfg)
+    assert metrics["train/loss"] == pytest.approx(metrics["train/loss"]), "loss must be finite"
+    if preset == "profiler":
+        traces = list((Path(cfg.paths.output_dir) / "profiler").glob("*.json"))
+        assert traces, "the profiler must write a trace"
 
 
 def test_help_does_not_import_torch(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""LightningDataModules. Each reads its data in its real on-disk format."""
