@@ -28,6 +28,7 @@ VISION_FILES = [
     CONFIGS / "model" / "mnist_convnet.yaml",
     CONFIGS / "experiment" / "digits.yaml",
     CONFIGS / "experiment" / "mnist.yaml",
+    CONFIGS / "hparams_search" / "digits_optuna.yaml",
     Path("tests") / "test_vision.py",
 ]
 LANGUAGE_FILES = [
@@ -39,6 +40,7 @@ LANGUAGE_FILES = [
     CONFIGS / "model" / "gpt2_small.yaml",
     CONFIGS / "experiment" / "language.yaml",
     CONFIGS / "experiment" / "gpt2_small.yaml",
+    CONFIGS / "hparams_search" / "language_optuna.yaml",
     Path("tests") / "test_language.py",
 ]
 LOGGER_FILES = {

@@ -92,7 +92,16 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/evaluate.py",
         f"{src}/loggers.py",
         f"{src}/runtime.py",
+        f"{src}/strategies.py",
+        f"{src}/sweeps.py",
         f"{src}/train.py",
+        f"{src}/callbacks/optuna_pruning.py",
+        f"src/hydra_plugins/{package}_optuna_sweeper/__init__.py",
+        f"src/hydra_plugins/{package}_optuna_sweeper/_impl.py",
+        f"src/hydra_plugins/{package}_optuna_sweeper/config.py",
+        f"src/hydra_plugins/{package}_optuna_sweeper/optuna_sweeper.py",
+        "scripts/torchrun.sh",
+        "scripts/slurm.sbatch",
         f"{src}/callbacks/__init__.py",
         f"{src}/callbacks/run_config.py",
         f"{src}/callbacks/throughput.py",
@@ -115,7 +124,13 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/helpers.py",
         "tests/test_configs.py",
         "tests/test_runs.py",
+        "tests/test_scale_out.py",
     }
+    files |= {
+        f"{configs}/strategy/{name}.yaml"
+        for name in ("auto", "ddp", "ddp_spawn", "fsdp", "model_parallel")
+    }
+    files |= {f"{configs}/hydra/launcher/{name}.yaml" for name in ("local_gpus", "slurm")}
     files |= {f"{configs}/trainer/{name}.yaml" for name in ("default", "cpu", "gpu", "mps")}
     files |= {f"{configs}/debug/{name}.yaml" for name in ("fdr", "overfit", "limit", "profiler")}
     files |= {
@@ -146,6 +161,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/model/mnist_convnet.yaml",
             f"{configs}/experiment/digits.yaml",
             f"{configs}/experiment/mnist.yaml",
+            f"{configs}/hparams_search/digits_optuna.yaml",
             "tests/test_vision.py",
         }
     if answers["examples"] in ("both", "language"):
@@ -158,6 +174,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/model/gpt2_small.yaml",
             f"{configs}/experiment/language.yaml",
             f"{configs}/experiment/gpt2_small.yaml",
+            f"{configs}/hparams_search/language_optuna.yaml",
             "tests/test_language.py",
         }
     if answers["logger"] != "csv":

@@ -76,7 +76,7 @@ def test_bake(bake: Bake, case: str) -> None:
     assert metadata["name"] == stored["project_slug"]
     assert metadata["description"] == stored["description"]
     assert metadata["authors"][0]["name"] == stored["author_name"]
-    assert "torch>=2.4" in metadata["dependencies"]
+    assert "torch>=2.6" in metadata["dependencies"]
     assert f"{package}-train" in metadata["scripts"]
 
     assert_unchosen_options_absent(project, answers, parsed)

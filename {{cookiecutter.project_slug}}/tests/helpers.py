@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,3 +50,17 @@ def assert_checkpoints_load_safely(cfg: DictConfig) -> None:
     for path in written:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         assert set(checkpoint["run_config"]) == {"data", "model"}
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )

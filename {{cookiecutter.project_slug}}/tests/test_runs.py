@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,21 +15,7 @@ from {{ cookiecutter.package_name }}.runtime import (
 )
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn
-
-
-def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+from .helpers import PACKAGE, ComposeFn, run_cli
 
 
 def test_precision_auto_is_32_on_cpu() -> None:

@@ -31,6 +31,17 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def train(cfg: DictConfig) -> float | None:
     """Train, then test the best checkpoint; returns `optimized_metric` for sweepers."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from .sweeps import ddp_multirun_problem
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        problem = ddp_multirun_problem(cfg, str(hydra_cfg.launcher.get("_target_", "")))
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(1)
     from .train import train as run_training
 
     return _run(run_training, cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 {%- if cookiecutter.logger == "wandb" %}
 import netrc
@@ -13,11 +14,39 @@ from urllib.parse import urlparse
 {%- endif %}
 
 from hydra.utils import instantiate
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch import loggers
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
 NEEDS_A_LOGGER = ("LearningRateMonitor",)
+
+
+class ColumnKeepingWriter(ExperimentWriter):
+    """Adds the columns already in metrics.csv to the ones this process has seen, so that a new
+    process (ddp_spawn's test stage) extends the file instead of failing on unknown columns."""
+
+    def _record_new_keys(self) -> set[str]:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                header = next(csv.reader(file), [])
+            known = set(self.metrics_keys)
+            self.metrics_keys += [key for key in header if key not in known]
+        return super()._record_new_keys()
+
+
+class CSVLogger(loggers.CSVLogger):
+    """Lightning's CSVLogger, writing through `ColumnKeepingWriter`."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = ColumnKeepingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:

@@ -43,6 +43,21 @@ def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> 
     )
 
 
+def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
+    if per_device is None or not trainer.is_global_zero:
+        return
+    devices, nodes = trainer.num_devices, trainer.num_nodes
+    accumulation = trainer.accumulate_grad_batches
+    log.info(
+        "Batch size %d per device x %d devices x %d nodes x %d accumulated = %d global",
+        per_device,
+        devices,
+        nodes,
+        accumulation,
+        per_device * devices * nodes * accumulation,
+    )
+
+
 def run_config(cfg: DictConfig) -> dict[str, Any]:
     """What `eval` needs to rebuild the model and data from a checkpoint: plain values only."""
     return {
@@ -51,10 +66,13 @@ def run_config(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
-    path = Path(output_dir) / "metrics.json"
+def write_json(metrics: dict[str, float], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
+def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
+    write_json(metrics, Path(output_dir) / "metrics.json")
     summary = "  ".join(f"{name}={value:.4f}" for name, value in sorted(metrics.items()))
     log.info("Metrics: %s", summary)
     log.info("Outputs in %s", output_dir)
@@ -69,8 +87,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
     callbacks.append(RunConfigInCheckpoint(run_config(cfg)))
     trainer = build_trainer(cfg, callbacks, loggers)
-    for logger in loggers:
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    log_batch_size(cfg.data.get("batch_size"), trainer)
+    hyperparameters = OmegaConf.to_container(cfg, resolve=True)
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]
 
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     metrics = scalars(trainer.callback_metrics)
@@ -83,5 +103,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics.update(scalars(trainer.callback_metrics))
 
     metrics.update(getattr(datamodule, "baseline", {}))
-    write_metrics(metrics, cfg.paths.output_dir)
+    if trainer.world_size > 1:
+        write_json(metrics, Path(cfg.paths.output_dir) / f"metrics-rank{trainer.global_rank}.json")
+    if trainer.is_global_zero:
+        write_metrics(metrics, cfg.paths.output_dir)
     return metrics

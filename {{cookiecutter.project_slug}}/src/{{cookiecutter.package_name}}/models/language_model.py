@@ -8,6 +8,8 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
 
 from .nets.gpt import GPT
@@ -34,8 +36,19 @@ class LanguageModel(L.LightningModule):
         self.flops_per_sample = net.flops_per_token(net.block_size) * net.block_size
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.hparams["compile"]:
+        if stage == "fit" and self.hparams["compile"] and self.device_mesh is None:
             self.net.compile()
+
+    def configure_model(self) -> None:
+        """Under ModelParallelStrategy: compile each block, then shard it with FSDP2."""
+        if self.device_mesh is None or isinstance(self.net.wte.weight, DTensor):
+            return
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.net.blocks:
+            if self.hparams["compile"]:
+                block.compile()
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.net(idx)

@@ -1,0 +1,167 @@
+"""Hydra callbacks for multiruns. Imported at every start: no torch, no Lightning here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+SUBPROCESS_DDP_TARGETS = ("DDPStrategy",)
+CLUSTER_LAUNCHERS = ("SlurmLauncher",)
+
+
+def launches_ddp_subprocesses(cfg: DictConfig) -> bool:
+    """True when Lightning would start DDP children by re-running the command line."""
+    strategy = cfg.trainer.get("strategy", "auto")
+    devices = cfg.trainer.get("devices", 1)
+    many = devices not in (1, "1", [0]) and not (isinstance(devices, list) and len(devices) == 1)
+    if isinstance(strategy, str):
+        return strategy in ("ddp", "auto") and many
+    target = str(strategy.get("_target_", ""))
+    return (
+        target.endswith(SUBPROCESS_DDP_TARGETS) and strategy.get("start_method", "popen") == "popen"
+    )
+
+
+def ddp_multirun_problem(cfg: DictConfig, launcher_target: str) -> str | None:
+    if not launches_ddp_subprocesses(cfg) or launcher_target.endswith(CLUSTER_LAUNCHERS):
+        return None
+    return (
+        f"trainer.strategy={OmegaConf.select(cfg, 'trainer.strategy._target_', default=cfg.trainer.strategy)} "
+        f"with trainer.devices={cfg.trainer.devices} cannot run inside a -m multirun on this "
+        "launcher: Lightning's DDP re-runs the whole command, sweep included, in each child "
+        "process (Lightning issue #11300). Use strategy=ddp_spawn for sweeps on one machine, or "
+        "hydra/launcher=submitit_slurm with one task per device."
+    )
+
+
+class MultirunGuard(Callback):
+    """Refuses, before any job starts, a multirun whose jobs would start DDP subprocesses."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        problem = ddp_multirun_problem(config, str(config.hydra.launcher.get("_target_", "")))
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(1)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+class SweepSummary(Callback):
+    """After a multirun: summary.csv, summary.md and summary.svg in the sweep directory, one row
+    per job with its overrides, status, metrics and run directory."""
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        status = {"status": job_return.status.name}
+        if job_return.status == JobStatus.FAILED:
+            status["error"] = repr(job_return._return_value)
+        output_dir = Path(config.hydra.runtime.output_dir)
+        if output_dir.is_dir():
+            (output_dir / "job_status.json").write_text(json.dumps(status) + "\n")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = collect_jobs(sweep_dir)
+        if not rows:
+            return
+        metric = config.get("optimized_metric")
+        write_summary(sweep_dir, rows, metric)
+        failed = [row["job"] for row in rows if row["status"] != "COMPLETED"]
+        log.info("Sweep summary: %s (%d jobs)", sweep_dir / "summary.md", len(rows))
+        if failed:
+            log.error("Failed jobs: %s", ", ".join(map(str, failed)))
+
+
+def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per job directory; `overrides` keeps what tells the jobs apart."""
+    jobs = []
+    for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
+        overrides = [str(o) for o in OmegaConf.load(overrides_file) or []]
+        jobs.append((overrides_file.parents[1], [o for o in overrides if "optuna_trial." not in o]))
+    shared = (
+        set.intersection(*(set(overrides) for _, overrides in jobs)) if len(jobs) > 1 else set()
+    )
+    rows = [
+        {
+            "job": int(job_dir.name) if job_dir.name.isdigit() else job_dir.name,
+            "overrides": " ".join(o for o in overrides if o not in shared),
+            "status": read_json(job_dir / "job_status.json").get("status", "UNKNOWN"),
+            "run_dir": str(job_dir),
+            "metrics": read_json(job_dir / "metrics.json"),
+        }
+        for job_dir, overrides in jobs
+    ]
+    return sorted(rows, key=lambda row: str(row["job"]).zfill(6))
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], metric: str | None) -> None:
+    names = sorted({name for row in rows for name in row["metrics"]})
+    if metric in names:
+        names.remove(metric)
+        names.insert(0, metric)
+    header = ["job", "overrides", "status", *names, "run_dir"]
+    table = [
+        [row["job"], row["overrides"], row["status"]]
+        + [row["metrics"].get(name, "") for name in names]
+        + [row["run_dir"]]
+        for row in rows
+    ]
+    with (sweep_dir / "summary.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(table)
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for values in table:
+        cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in values]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    if metric:
+        points = [(row["overrides"], row["metrics"].get(metric)) for row in rows]
+        (sweep_dir / "summary.svg").write_text(bar_chart_svg(points, metric))
+
+
+def bar_chart_svg(points: list[tuple[str, float | None]], metric: str) -> str:
+    """A bar per job (missing values shown as gaps), labelled with the job's overrides."""
+    width, bar_height, label_width = 760, 22, 360
+    values = [v for _, v in points if isinstance(v, (int, float))]
+    top = max([abs(v) for v in values], default=1.0) or 1.0
+    height = 40 + bar_height * len(points)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<text x="8" y="18" font-weight="bold">{escape(metric)} by job</text>',
+    ]
+    for index, (label, value) in enumerate(points):
+        y = 30 + index * bar_height
+        parts.append(f'<text x="8" y="{y + 15}">{escape(label[:60]) or "(no overrides)"}</text>')
+        if isinstance(value, (int, float)):
+            length = (width - label_width - 80) * abs(value) / top
+            parts.append(
+                f'<rect x="{label_width}" y="{y + 3}" width="{length:.1f}" height="{bar_height - 6}" '
+                'fill="#4c78a8"/>'
+            )
+            parts.append(
+                f'<text x="{label_width + length + 6:.1f}" y="{y + 15}">{value:.4g}</text>'
+            )
+        else:
+            parts.append(f'<text x="{label_width}" y="{y + 15}" fill="#b00">no result</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

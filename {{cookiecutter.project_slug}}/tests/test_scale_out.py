@@ -1,0 +1,190 @@
+"""Strategies with several processes, multirun launchers, the sweep summary, and Optuna searches.
+Each runs the real command line in a subprocess, on CPU with gloo."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from .helpers import PACKAGE, ComposeFn, run_cli
+
+QUICK = ["trainer=cpu", "logger=csv", "extras.print_config=false", "trainer.max_epochs=2"]
+EVAL_METRICS = ("val/loss", "test/loss")
+
+
+def read(path: Path) -> dict[str, float]:
+    return dict(json.loads(path.read_text()))
+
+
+def summary_rows(sweep_dir: Path) -> list[dict[str, str]]:
+    with (sweep_dir / "summary.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.slow
+def test_ddp_and_ddp_spawn_train_two_processes_into_one_run_dir(tmp_path: Path) -> None:
+    results = {}
+    for strategy in ("ddp", "ddp_spawn"):
+        run_dir = tmp_path / strategy
+        result = run_cli(
+            "-m", PACKAGE, f"strategy={strategy}", "trainer.devices=2", *QUICK,
+            f"hydra.run.dir={run_dir}", cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert list((run_dir / "checkpoints").glob("best-*.ckpt"))
+        results[strategy] = read(run_dir / "metrics.json")
+        for rank_file in run_dir.glob("metrics-rank*.json"):
+            per_rank = read(rank_file)
+            for name in EVAL_METRICS:
+                assert per_rank[name] == pytest.approx(results[strategy][name], rel=1e-6)
+    assert len(list((tmp_path / "ddp").glob("metrics-rank*.json"))) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp", "ddp_spawn"], "no stray run dirs"
+    for name in EVAL_METRICS:
+        assert results["ddp"][name] == pytest.approx(results["ddp_spawn"][name], rel=1e-5)
+
+
+def test_fsdp_config_builds_its_strategy(train_config: ComposeFn) -> None:
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    strategy = instantiate(train_config("strategy=fsdp").trainer.strategy)
+    assert isinstance(strategy, FSDPStrategy)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP needs CUDA")
+def test_fsdp_trains_on_gpu(tmp_path: Path) -> None:
+    result = run_cli(
+        "-m", PACKAGE, "strategy=fsdp", "trainer=gpu", "trainer.devices=1", "logger=csv",
+        "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+{%- if cookiecutter.examples != "vision" %}
+
+
+@pytest.mark.slow
+def test_fsdp2_model_parallel_on_two_cpu_processes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "-m", PACKAGE, "experiment=language", "strategy=model_parallel",
+        "trainer.strategy.data_parallel_size=2", "trainer.devices=2", *QUICK,
+        "trainer.max_steps=10", "trainer.val_check_interval=5", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=2", "model.net.n_layer=2", f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert last.is_file(), "FSDP2 checkpoints are consolidated into one file"
+    state = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+    assert all(isinstance(value, torch.Tensor) for value in state.values())
+{%- endif %}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local"])
+def test_sweep_runs_on_each_launcher_and_is_summarized(tmp_path: Path, launcher: str) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "-m", PACKAGE, "--multirun", f"hydra/launcher={launcher}", *QUICK, "model.optimizer.lr=0.001,0.003",
+        f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = summary_rows(sweep_dir)
+    assert [row["overrides"] for row in rows] == [
+        "model.optimizer.lr=0.001",
+        "model.optimizer.lr=0.003",
+    ]
+    for row in rows:
+        assert row["status"] == "COMPLETED"
+        metric = next(key for key in row if key.startswith("val/"))
+        from_job = read(Path(row["run_dir"]) / "metrics.json")[metric]
+        assert float(row[metric]) == pytest.approx(from_job)
+    assert (sweep_dir / "summary.md").read_text().count("COMPLETED") == 2
+    assert (sweep_dir / "summary.svg").read_text().count("<rect") == 2
+
+
+def test_ddp_inside_a_multirun_is_refused_before_any_job(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "-m", PACKAGE, "--multirun", "strategy=ddp", "trainer.devices=2", *QUICK,
+        "model.optimizer.lr=0.001,0.003", f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "strategy=ddp_spawn" in result.stderr
+    assert not sweep_dir.exists()
+{%- if cookiecutter.examples == "language" %}
+
+
+SEARCH = "hparams_search=language_optuna"
+PINNED = ["model.optimizer.weight_decay=0.1", "model.scheduler.warmup_steps=10"]
+SHORT_RUN = [
+    "trainer.max_steps=20", "trainer.val_check_interval=10", "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2", "model.net.n_layer=1", "data.max_bytes=200000",
+]  # fmt: skip
+{%- else %}
+
+
+SEARCH = "hparams_search=digits_optuna"
+PINNED = ["data.batch_size=64", "model.net.dropout=0.1"]
+SHORT_RUN = ["trainer.max_epochs=3"]
+{%- endif %}
+
+
+@pytest.mark.slow
+def test_optuna_search_is_stored_resumed_and_prunes(tmp_path: Path) -> None:
+    import optuna
+
+    database = tmp_path / "optuna" / "search.db"
+    storage = f"sqlite:///{database}"
+
+    def search(n_trials: int, lr_range: str, prune_after: int) -> None:
+        result = run_cli(
+            "-m", PACKAGE, "--multirun", SEARCH, *PINNED, f"model.optimizer.lr={lr_range}",
+            f"hydra.sweeper.n_trials={n_trials}", f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=search", f"hydra.sweeper.pruner.n_startup_trials={prune_after}",
+            *QUICK, *SHORT_RUN, f"hydra.sweep.dir={tmp_path / f'sweep{n_trials}'}",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    def states() -> list[str]:
+        study = optuna.load_study(study_name="search", storage=storage)
+        return [trial.state.name for trial in study.get_trials(deepcopy=False)]
+
+    search(2, "interval(0.002,0.004)", prune_after=10)
+    assert states() == ["COMPLETE", "COMPLETE"]
+    assert len(summary_rows(tmp_path / "sweep2")) == 2
+
+    search(3, "interval(0.002,0.004)", prune_after=10)
+    assert states() == ["COMPLETE"] * 3, "the second launch continues the stored study"
+
+    optuna.load_study(study_name="search", storage=storage).ask()  # a crashed launch's trial
+    search(4, "interval(0.0000001,0.0000002)", prune_after=1)
+    assert states() == ["COMPLETE"] * 3 + ["FAIL", "PRUNED"], "a hopeless trial is pruned"
+    results = (tmp_path / "sweep4" / "optimization_results.yaml").read_text()
+    assert "best_params" in results
+
+
+@pytest.mark.slow
+def test_torchrun_script_runs_two_processes(tmp_path: Path) -> None:
+    script = Path(__file__).parents[1] / "scripts" / "torchrun.sh"
+    result = subprocess.run(
+        ["bash", str(script), *QUICK[1:], "trainer.max_epochs=1"],
+        cwd=tmp_path,
+        env={**os.environ, "NPROC_PER_NODE": "2", "TRAINER": "cpu", "RUN_NAME": "two"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "train" / "runs" / "two"
+    assert [p.name for p in (tmp_path / "logs" / "train" / "runs").iterdir()] == ["two"]
+    assert len(list(run_dir.glob("metrics-rank*.json"))) == 2
+    assert list((run_dir / "checkpoints").glob("*.ckpt"))
