@@ -25,10 +25,33 @@ CHOICES = {
 # Import names of the generated project's dependencies: a package with one of these names would
 # shadow the dependency for every import in the project.
 DEPENDENCY_MODULES = {
-    "torch", "torchvision", "torchaudio", "torchmetrics", "torchdata", "lightning",
-    "lightning_fabric", "lightning_utilities", "pytorch_lightning", "hydra", "hydra_plugins",
-    "omegaconf", "wandb", "tensorboard", "numpy", "yaml", "pytest", "ruff", "mypy", "optuna",
-    "submitit", "setuptools", "pip", "tests", "test", "src", "configs",
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "torchmetrics",
+    "torchdata",
+    "lightning",
+    "lightning_fabric",
+    "lightning_utilities",
+    "pytorch_lightning",
+    "hydra",
+    "hydra_plugins",
+    "omegaconf",
+    "wandb",
+    "tensorboard",
+    "numpy",
+    "yaml",
+    "pytest",
+    "ruff",
+    "mypy",
+    "optuna",
+    "submitit",
+    "setuptools",
+    "pip",
+    "tests",
+    "test",
+    "src",
+    "configs",
 }
 
 DISTRIBUTION_NAME = re.compile(r"^([a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9])$", re.IGNORECASE)

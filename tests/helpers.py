@@ -207,7 +207,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(command: list[str], cwd: Path, timeout: int = 900, **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    command: list[str], cwd: Path, timeout: int = 900, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command,
         cwd=cwd,

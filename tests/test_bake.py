@@ -12,8 +12,8 @@ import pytest
 
 from .conftest import Bake
 from .helpers import (
-    TEMPLATE,
     CHOICES,
+    TEMPLATE,
     answers_with,
     expected_files,
     leftover_template_syntax,
@@ -41,7 +41,7 @@ MATRIX = {
     "unicode-name": {"project_name": "Ünïcødé Prøjekt für Ñeural Nets"},
     "quotes-and-backslashes": {
         "project_name": "Dr. O'Brien's \"Best\" Model",
-        "author_name": "Seán O'Brien \"Jr.\"",
+        "author_name": 'Seán O\'Brien "Jr."',
         "description": 'Says "hi", uses \\backslashes\\ and {curly} braces & <tags>.',
     },
     "very-long-name": {"project_name": "An Extremely Long Project Name " * 8},
@@ -84,7 +84,11 @@ def test_bake(bake: Bake, case: str) -> None:
 
 def assert_unchosen_options_absent(project: Path, answers: dict[str, str], parsed: dict) -> None:
     dependencies = " ".join(parsed["pyproject.toml"]["project"]["dependencies"])
-    text = {path: path.read_text() for path in project.rglob("*") if path.suffix in (".py", ".yaml", ".toml")}
+    text = {
+        path: path.read_text()
+        for path in project.rglob("*")
+        if path.suffix in (".py", ".yaml", ".toml")
+    }
     for logger in ("wandb", "tensorboard"):
         if logger != answers["logger"]:
             assert logger not in dependencies

@@ -15,7 +15,12 @@ from .helpers import run
 COMBINATIONS = {
     "defaults": ({}, "not gpu"),
     "vision-tensorboard-py310": (
-        {"examples": "vision", "logger": "tensorboard", "python_version": "3.10", "license": "none"},
+        {
+            "examples": "vision",
+            "logger": "tensorboard",
+            "python_version": "3.10",
+            "license": "none",
+        },
         "not slow and not gpu",
     ),
     "language-csv-py313": (

@@ -30,7 +30,16 @@ INVALID = {
 def run_cookiecutter(output_dir: Path, **answers: str) -> subprocess.CompletedProcess[str]:
     overrides = [f"{key}={value}" for key, value in answers.items()]
     return subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *overrides],
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "-o",
+            str(output_dir),
+            str(TEMPLATE),
+            *overrides,
+        ],
         env=clean_env(),
         capture_output=True,
         text=True,
