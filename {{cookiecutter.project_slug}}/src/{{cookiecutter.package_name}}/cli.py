@@ -11,6 +11,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import ConfigError
+from .run_names import register_run_name_resolver
+
+register_run_name_resolver()
 
 
 def _run(task: Any, cfg: DictConfig) -> float | None:

@@ -25,8 +25,11 @@ NEEDS_A_LOGGER = ("LearningRateMonitor",)
 
 
 class ColumnKeepingWriter(ExperimentWriter):
-    """Adds the columns already in metrics.csv to the ones this process has seen, so that a new
-    process (ddp_spawn's test stage) extends the file instead of failing on unknown columns."""
+    """Appends to an existing metrics.csv (a resumed run, ddp_spawn's test stage) instead of
+    deleting it, and keeps the columns already there besides the ones this process logs."""
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning's writer deletes an existing metrics.csv here; a resumed run keeps it."""
 
     def _record_new_keys(self) -> set[str]:
         if self._fs.isfile(self.metrics_file_path):

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from .callbacks import RunConfigInCheckpoint
+from .checkpoints import newest_valid_checkpoint
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .runtime import (
     configure_matmul_precision,
@@ -78,7 +79,36 @@ def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
     log.info("Outputs in %s", output_dir)
 
 
+def starting_checkpoint(cfg: DictConfig) -> str | None:
+    """The newest valid checkpoint of this run directory, else `ckpt_path`, else none."""
+    ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
+    newest = newest_valid_checkpoint(ckpt_dir) if cfg.get("resume") else None
+    if newest:
+        log.info("Resuming from %s", newest)
+        return str(newest)
+    if cfg.get("ckpt_path"):
+        log.info("Starting from ckpt_path=%s", cfg.ckpt_path)
+        return str(cfg.ckpt_path)
+    log.info("Starting fresh: no checkpoint in %s", ckpt_dir)
+    return None
+
+
+def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
+    path = Path(cfg.paths.output_dir) / "metrics.json"
+    if not cfg.get("resume") or not path.is_file():
+        return None
+    log.info(
+        "This run already finished (%s): not training again. Pick another run_name=..., or "
+        "delete that directory, to train again.",
+        path,
+    )
+    return {name: float(value) for name, value in json.loads(path.read_text()).items()}
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
+    done = finished_metrics(cfg)
+    if done is not None:
+        return done
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
@@ -92,7 +122,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]
 
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    trainer.fit(model, datamodule=datamodule, ckpt_path=starting_checkpoint(cfg), weights_only=True)
     metrics = scalars(trainer.callback_metrics)
 
     if cfg.get("test"):
