@@ -4,7 +4,6 @@ parse, and nothing of an option that was not chosen."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from .helpers import (
     leftover_template_syntax,
     parse_structured_files,
     project_files,
+    run,
 )
 
 MATRIX = {
@@ -131,13 +131,6 @@ def test_post_generation_hook_runs_again_cleanly(bake: Bake) -> None:
     context = {"cookiecutter": json.loads((project / ".cookiecutter.json").read_text())}
     hook = (TEMPLATE / "hooks" / "post_gen_project.py").read_text()
     rendered = StrictEnvironment(context=context).from_string(hook).render(**context)
-    second = subprocess.run(
-        [sys.executable, "-c", rendered],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-    )
+    second = run([sys.executable, "-c", rendered], cwd=project, timeout=60)
     assert second.returncode == 0, second.stderr
     assert project_files(project) == before

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import TEMPLATE, clean_env
+from .helpers import TEMPLATE, run
 
 INVALID = {
     "stdlib-shadow": ("package_name", "os"),
@@ -29,23 +29,8 @@ INVALID = {
 
 def run_cookiecutter(output_dir: Path, **answers: str) -> subprocess.CompletedProcess[str]:
     overrides = [f"{key}={value}" for key, value in answers.items()]
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cookiecutter",
-            "--no-input",
-            "-o",
-            str(output_dir),
-            str(TEMPLATE),
-            *overrides,
-        ],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir)]
+    return run([*command, str(TEMPLATE), *overrides], cwd=output_dir, timeout=120)
 
 
 @pytest.mark.parametrize("case", list(INVALID))
