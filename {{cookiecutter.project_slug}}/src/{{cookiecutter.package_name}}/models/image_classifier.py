@@ -49,11 +49,12 @@ class ImageClassifier(L.LightningModule):
             self.flops_per_sample = self._measure_flops_per_sample(batch[0][:1])
 
     def _measure_flops_per_sample(self, image: torch.Tensor) -> int:
-        """Forward FLOPs of one sample, counted once; backward costs about twice the forward."""
+        """Forward FLOPs of one sample, counted once; backward costs about twice the forward.
+        Calls `forward` directly: a compiled net is not compiled a second time for eval mode."""
         was_training = self.net.training
         self.net.eval()
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            self.net(image)
+            self.net.forward(image)
         self.net.train(was_training)
         return 3 * counter.get_total_flops()
 
