@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from .callbacks import RunConfigInCheckpoint
+from .callbacks import ExactResume, RunConfigInCheckpoint
 from .checkpoints import newest_valid_checkpoint
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .runtime import (
@@ -115,7 +115,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     model = instantiate(cfg.model)
     loggers = instantiate_loggers(cfg.get("logger"))
     callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-    callbacks.append(RunConfigInCheckpoint(run_config(cfg)))
+    callbacks += [RunConfigInCheckpoint(run_config(cfg)), ExactResume()]
     trainer = build_trainer(cfg, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)

@@ -1,12 +1,20 @@
-"""What the data modules share: seeded splits and DataLoader settings."""
+"""What the data modules share: seeded splits and DataLoader settings.
+
+The training sampler's shuffle depends only on the seed and the epoch, and it can start an epoch
+part-way, so a resumed run sees exactly the batches the interrupted one would have seen, on one
+process or many (`callbacks.ExactResume` tells it where to start).
+"""
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 
 def split_indices(
@@ -21,6 +29,26 @@ def split_indices(
         order[:val_count],
         order[val_count : val_count + test_count],
     )
+
+
+class ResumableSampler(DistributedSampler[Any]):
+    """A DistributedSampler (a seeded shuffle per epoch, one shard per process) whose next epoch
+    starts after its first `skip` samples."""
+
+    def __init__(self, dataset: Dataset[Any], num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = itertools.islice(super().__iter__(), self.skip, None)
+        self.skip = 0
+        return indices
+
+
+def shuffle_seed() -> int:
+    """The run's seed, which `seed_everything` passes to every process (as Lightning's own
+    DistributedSampler does), so all ranks cut the same shuffle into shards."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -39,18 +67,33 @@ class SplitDataModule(L.LightningDataModule):
         if not self.splits:
             self.splits = self.load_splits()
 
+    def sampler(self, split: str) -> Sampler[int] | None:
+        """Each process its own shard (Lightning's own sampler injection is off: it would not
+        resume mid-epoch). Lightning sets the epoch on it, which reseeds the shuffle."""
+        world_size, rank = (
+            (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        )
+        dataset = self.splits[split]
+        if split == "train":
+            return ResumableSampler(dataset, world_size, rank, seed=shuffle_seed())
+        if world_size > 1:
+            return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+        return None
+
     def loader(self, split: str) -> DataLoader[Any]:
-        """Shuffle and drop the ragged last batch when training, so compiled shapes stay static."""
-        train = split == "train"
+        """Drop the ragged last batch when training, so compiled shapes stay static. The loader's
+        own generator seeds its workers, so starting an epoch draws nothing from torch's global
+        generator (which dropout uses)."""
         return DataLoader(
             self.splits[split],
             batch_size=self.batch_size,
-            shuffle=train,
-            drop_last=train,
+            sampler=self.sampler(split),
+            drop_last=split == "train",
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=self.num_workers > 0,
             prefetch_factor=4 if self.num_workers > 0 else None,
+            generator=torch.Generator().manual_seed(shuffle_seed()),
         )
 
     def train_dataloader(self) -> DataLoader[Any]:
