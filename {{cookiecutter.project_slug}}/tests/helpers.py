@@ -17,7 +17,8 @@ from omegaconf import DictConfig, open_dict
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 CONFIG_MODULE = f"{PACKAGE}.configs"
-CONFIG_DIR = Path(__file__).parents[1] / "src" / PACKAGE / "configs"
+PROJECT_ROOT = Path(__file__).parents[1]
+CONFIG_DIR = PROJECT_ROOT / "src" / PACKAGE / "configs"
 
 ComposeFn = Callable[..., DictConfig]
 

@@ -1,5 +1,7 @@
 """The same command resumes a killed run from its newest valid checkpoint, in the same run
-directory, and does not train a finished run again."""
+directory, exactly (the same batches, bitwise the same weights), and does not train a finished run
+again. Kills and signals are real: a subprocess, and SIGKILL/SIGTERM/SIGUSR1 sent at a chosen step.
+"""
 
 from __future__ import annotations
 
@@ -13,21 +15,41 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoints import newest_valid_checkpoint
+from {{ cookiecutter.package_name }}.checkpoints import (
+    NonFiniteWeightsError,
+    atomic_torch_save,
+    newest_valid_checkpoint,
+)
 from {{ cookiecutter.package_name }}.run_names import run_name
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn, run_cli
+from .helpers import PACKAGE, PROJECT_ROOT, ComposeFn
 {%- if cookiecutter.examples == "language" %}
 
-LONG_RUN = [
-    "model.net.n_layer=1", "data.max_bytes=200000", "trainer.max_steps=200",
-    "trainer.val_check_interval=20", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
+# Eight batches an epoch; a checkpoint every four steps and after each epoch's validation.
+EXACT_RUN = [
+    "model.net.n_layer=1", "data.max_bytes=200000", "trainer.max_steps=-1",
+    "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=1",
 ]  # fmt: skip
-SHORT_RUN = [*LONG_RUN[:2], "trainer.max_steps=4", "trainer.val_check_interval=2"]
 {%- else %}
 
-LONG_RUN = ["trainer.max_epochs=25", "callbacks.early_stopping=null"]
+# Eight batches an epoch; a checkpoint every four steps and after each epoch's validation.
+EXACT_RUN = ["callbacks.early_stopping=null"]
+{%- endif %}
+EXACT_RUN += [
+    "trainer=cpu", "logger=csv", "extras.print_config=false", "test=false", "allowed_targets=[tests]",
+    "trainer.max_epochs=3", "trainer.limit_train_batches=8", "trainer.limit_val_batches=2",
+    "callbacks.step_checkpoint.every_n_train_steps=4", "callbacks.progress_bar=null",
+    "+callbacks.record._target_=tests.faults.RecordBatches", "+callbacks.record.path=batches.txt",
+]  # fmt: skip
+{%- if cookiecutter.examples == "language" %}
+
+SHORT_RUN = [
+    "model.net.n_layer=1", "data.max_bytes=200000", "trainer.max_steps=4",
+    "trainer.val_check_interval=2",
+]  # fmt: skip
+{%- else %}
+
 SHORT_RUN = ["trainer.max_epochs=1", "trainer.limit_train_batches=3"]
 {%- endif %}
 
@@ -42,7 +64,9 @@ def test_run_names_follow_the_overrides() -> None:
     assert run_name("my-run", "experiment=big") == "my-run"
 
 
-def test_unreadable_newest_checkpoint_is_moved_aside(tmp_path: Path) -> None:
+def test_unreadable_newest_checkpoint_is_moved_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     older, newer = tmp_path / "step0000010.ckpt", tmp_path / "last.ckpt"
     torch.save({"global_step": 10}, older)
     torch.save({"global_step": 20}, newer)
@@ -50,6 +74,8 @@ def test_unreadable_newest_checkpoint_is_moved_aside(tmp_path: Path) -> None:
     os.utime(older, (time.time() - 60, time.time() - 60))
     assert newest_valid_checkpoint(tmp_path) == older
     assert (tmp_path / "last.ckpt.corrupt").is_file(), "kept for inspection, never deleted"
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert str(newer) in warning and str(older) in warning
 
 
 def test_finished_run_is_not_trained_again(train_config: ComposeFn) -> None:
@@ -61,33 +87,187 @@ def test_finished_run_is_not_trained_again(train_config: ComposeFn) -> None:
     assert last.stat().st_mtime_ns == written
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_with_the_same_command(tmp_path: Path) -> None:
-    command = ["trainer=cpu", "logger=csv", "extras.print_config=false", *LONG_RUN]
-    process = subprocess.Popen(
-        [sys.executable, "-m", PACKAGE, *command],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The train command in its own process group (a SIGKILL from inside kills only the run)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
+    return subprocess.Popen(
+        [sys.executable, "-m", PACKAGE, *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": python_path, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
-    deadline = time.monotonic() + 180
-    while not list(tmp_path.glob("logs/train/runs/*/checkpoints/last.ckpt")):
-        assert process.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint within 180 s"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
 
-    resumed = run_cli("-m", PACKAGE, *command, cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming from" in resumed.stdout + resumed.stderr
-    run_dirs = list((tmp_path / "logs" / "train" / "runs").iterdir())
-    assert len(run_dirs) == 1, "the same command uses the same run directory"
-    last = torch.load(run_dirs[0] / "checkpoints" / "last.ckpt", weights_only=True)
-{%- if cookiecutter.examples == "language" %}
-    assert last["global_step"] == 200
-{%- else %}
-    assert last["epoch"] == 24
-{%- endif %}
-    assert (run_dirs[0] / "metrics.json").is_file()
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
+    output, _ = process.communicate(timeout=600)
+    return process.returncode, output
+
+
+def batches_by_step(cwd: Path) -> dict[str, dict[int, str]]:
+    """Per rank: the batch each step trained on; a step run again after a resume counts once,
+    as its last run (the one whose update was kept)."""
+    seen: dict[str, dict[int, str]] = {}
+    for path in sorted(cwd.glob("batches.txt.rank*")):
+        steps = seen.setdefault(path.suffix, {})
+        for line in path.read_text().splitlines():
+            step, digest = line.split()
+            steps[int(step)] = digest
+    return seen
+
+
+def final_weights(cwd: Path) -> dict[str, torch.Tensor]:
+    (run_dir,) = (cwd / "logs" / "train" / "runs").iterdir()
+    assert (run_dir / "metrics.json").is_file(), "the run did not finish"
+    newest = newest_valid_checkpoint(run_dir / "checkpoints")
+    assert newest is not None
+    return dict(torch.load(newest, weights_only=True)["state_dict"])
+
+
+def assert_same_training(reference: Path, resumed: Path) -> None:
+    expected, got = batches_by_step(reference), batches_by_step(resumed)
+    assert expected and got == expected, "the resumed run saw other batches"
+    weights, resumed_weights = final_weights(reference), final_weights(resumed)
+    assert weights.keys() == resumed_weights.keys()
+    for name, value in weights.items():
+        assert torch.equal(value, resumed_weights[name]), f"{name} differs after the resume"
+
+
+KILL_CASES = {
+    # kill at step: what the newest checkpoint is when the run dies
+    "mid-epoch": (6, []),  # step 4, half-way through epoch 0
+    "last batch of an epoch": (10, ["callbacks.last_checkpoint=null"]),  # step 8 = batch 8 of 8
+    "right after validation": (10, []),  # last.ckpt after epoch 0's validation
+    "max_steps, mid-epoch validation": (
+        9,
+        ["trainer.max_epochs=-1", "trainer.max_steps=20", "trainer.val_check_interval=3"],
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(KILL_CASES))
+def test_sigkill_then_the_same_command_trains_exactly_as_without(tmp_path: Path, case: str) -> None:
+    kill_at, extra = KILL_CASES[case]
+    code, output = finish(start([*EXACT_RUN, *extra], tmp_path / "reference"))
+    assert code == 0, output[-3000:]
+
+    kill = [
+        "+callbacks.kill._target_=tests.faults.SignalAt", f"+callbacks.kill.step={kill_at}",
+        f"+callbacks.kill.marker={tmp_path / 'killed.marker'}",
+    ]  # fmt: skip
+    command = [*EXACT_RUN, *extra, *kill]
+    code, output = finish(start(command, tmp_path / "killed"))
+    assert code == -signal.SIGKILL, output[-3000:]
+    code, output = finish(start(command, tmp_path / "killed"))
+    assert code == 0, output[-3000:]
+    assert "Resuming from" in output
+    assert_same_training(tmp_path / "reference", tmp_path / "killed")
+
+
+@pytest.mark.slow
+def test_ddp_run_killed_on_both_ranks_resumes_exactly(tmp_path: Path) -> None:
+    ddp = ["strategy=ddp", "trainer.devices=2"]
+    code, output = finish(start([*EXACT_RUN, *ddp], tmp_path / "reference"))
+    assert code == 0, output[-3000:]
+    kill = [
+        "+callbacks.kill._target_=tests.faults.SignalAt", "+callbacks.kill.step=6",
+        f"+callbacks.kill.marker={tmp_path / 'killed.marker'}",
+    ]  # fmt: skip
+    code, output = finish(start([*EXACT_RUN, *ddp, *kill], tmp_path / "killed"))
+    assert code == -signal.SIGKILL, output[-3000:]
+    code, output = finish(start([*EXACT_RUN, *ddp, *kill], tmp_path / "killed"))
+    assert code == 0, output[-3000:]
+    assert set(batches_by_step(tmp_path / "killed")) == {".rank0", ".rank1"}
+    assert_same_training(tmp_path / "reference", tmp_path / "killed")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_at_the_next_step_boundary_and_exits_143(tmp_path: Path) -> None:
+    code, output = finish(start(EXACT_RUN, tmp_path / "reference"))
+    assert code == 0, output[-3000:]
+    term = [
+        "+callbacks.term._target_=tests.faults.SignalAt", "+callbacks.term.step=5",
+        "+callbacks.term.signal_name=SIGTERM", f"+callbacks.term.marker={tmp_path / 'marker'}",
+    ]  # fmt: skip
+    code, output = finish(start([*EXACT_RUN, *term], tmp_path / "stopped"))
+    assert code == 143, output[-3000:]
+    assert "SIGTERM at step 6" in output and "run the same command to resume" in output
+    (run_dir,) = (tmp_path / "stopped" / "logs" / "train" / "runs").iterdir()
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    assert not (run_dir / "metrics.json").exists(), "a stopped run is not a finished one"
+
+    code, output = finish(start([*EXACT_RUN, *term], tmp_path / "stopped"))
+    assert code == 0, output[-3000:]
+    assert_same_training(tmp_path / "reference", tmp_path / "stopped")
+
+
+@pytest.mark.slow
+def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path: Path) -> None:
+    """SLURM's time-limit warning (`sbatch --signal=USR1@90`): save at a step boundary, then
+    `scontrol requeue <job id>` (a fake scontrol on PATH records its arguments)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    usr1 = [
+        "+callbacks.usr1._target_=tests.faults.SignalAt", "+callbacks.usr1.step=3",
+        "+callbacks.usr1.signal_name=SIGUSR1", f"+callbacks.usr1.marker={tmp_path / 'marker'}",
+    ]  # fmt: skip
+    code, output = finish(start([*EXACT_RUN, *usr1], tmp_path / "job", env))
+    assert code == 143, output[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    assert "SIGUSR1 at step 4" in output and "requeued the job" in output
+
+
+def test_checkpoint_writes_are_atomic_and_keep_the_previous_one(tmp_path: Path) -> None:
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"global_step": 1}, path)
+    atomic_torch_save({"global_step": 2}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 2
+    assert torch.load(tmp_path / "last-previous.ckpt", weights_only=True)["global_step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last-previous.ckpt", "last.ckpt"]
+
+
+def test_interrupted_write_leaves_the_old_checkpoint_and_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"global_step": 1}, path)
+
+    def dies_mid_write(obj: object, file: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"global_step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_leftover_temporary_file_of_a_killed_save_is_ignored_and_removed(tmp_path: Path) -> None:
+    good = tmp_path / "last.ckpt"
+    torch.save({"global_step": 3}, good)
+    leftover = tmp_path / ".last.ckpt.tmp-12345"
+    leftover.write_bytes(b"\x80\x02half a checkpoint")
+    assert newest_valid_checkpoint(tmp_path) == good
+    assert not leftover.exists()
+
+
+def test_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.checkpoints import AtomicCheckpointIO
+
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"state_dict": {"w": torch.ones(2)}}, path)
+    with pytest.raises(NonFiniteWeightsError, match="w"):
+        AtomicCheckpointIO().save_checkpoint(
+            {"state_dict": {"w": torch.tensor([1.0, torch.nan])}}, path
+        )
+    assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(2))

@@ -1,4 +1,5 @@
-"""Finding the checkpoint a run resumes from."""
+"""Writing checkpoints so that a kill at any moment leaves a loadable one, and finding the
+checkpoint a run resumes from."""
 
 from __future__ import annotations
 
@@ -6,29 +7,173 @@ import logging
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 UNREADABLE = (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError)
+TEMPORARY_GLOB = ".*.ckpt.tmp-*"
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """A checkpoint would have held NaN or infinite weights."""
+
+
+def non_finite_tensors(state_dict: dict[str, Any]) -> list[str]:
+    return [
+        name
+        for name, value in state_dict.items()
+        if isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and not bool(torch.isfinite(value).all())
+    ]
+
+
+def fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
+    """Write to a temporary file beside `path`, fsync it, rename it over `path`, fsync the
+    directory: a reader sees the old file or the new one, never a part. An overwritten file
+    (last.ckpt) is kept as `<stem>-previous.ckpt`, so two checkpoints always remain."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
+        if path.exists():
+            path.replace(path.with_name(f"{path.stem}-previous{path.suffix}"))
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made atomic on any filesystem (Lightning's own goes through
+    $TMPDIR, which is atomic only when it shares a filesystem with the checkpoints), and refusing
+    to write non-finite weights."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        bad = non_finite_tensors(checkpoint.get("state_dict", {}))
+        if bad:
+            raise NonFiniteWeightsError(
+                f"Not writing {path}: non-finite values in {', '.join(bad[:5])}. The previous "
+                "checkpoints stay as they were."
+            )
+        atomic_torch_save(checkpoint, Path(path))
+
+
+def is_global_zero() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def remove_interrupted_writes(ckpt_dir: Path) -> None:
+    """Temporary files of saves that a kill interrupted: never a complete checkpoint."""
+    for leftover in ckpt_dir.glob(TEMPORARY_GLOB):
+        log.info("Removing %s, left by an interrupted save.", leftover)
+        leftover.unlink(missing_ok=True)
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest checkpoint that loads with weights_only=True. An unreadable one (a kill
-    mid-save) is moved aside as `<name>.corrupt`, never deleted, and the one before it is used."""
+    """The newest checkpoint that loads with weights_only=True. An unreadable one is moved aside
+    as `<name>.corrupt`, never deleted, and the one before it is used, with one warning naming
+    both."""
+    if is_global_zero():
+        remove_interrupted_writes(ckpt_dir)
     candidates = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    unreadable: list[tuple[Path, str]] = []
+    chosen = None
     for path in candidates:
         try:
             torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except UNREADABLE as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
-                aside = path.with_name(path.name + ".corrupt")
-                path.replace(aside)
-                log.warning(
-                    "Checkpoint %s is unreadable (%s): moved to %s.", path, reason, aside.name
-                )
+            unreadable.append((path, first_line(error)))
             continue
-        return path
-    return None
+        chosen = path
+        break
+    for path, reason in unreadable:
+        aside = path.with_name(path.name + ".corrupt")
+        if is_global_zero():
+            path.replace(aside)
+        log.warning(
+            "Checkpoint %s is unreadable (%s): moved to %s; resuming from %s instead.",
+            path,
+            reason,
+            aside.name,
+            chosen or "nothing (starting fresh)",
+        )
+    return chosen
+
+
+def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
+    """A checkpoint given on the command line, loaded safely (weights_only=True), or one error
+    saying what is wrong. Full unpickling, which runs code from the file, needs `trust`."""
+    if not path.is_file():
+        raise ConfigError(
+            f"ckpt_path={path} does not exist. Pass a checkpoint file, e.g. "
+            "ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
+        )
+    try:
+        return dict(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    except pickle.UnpicklingError as error:
+        if not trust:
+            raise ConfigError(
+                f"ckpt_path={path} holds Python objects that only full unpickling can load, "
+                "which can run any code stored in the file. If you trust where it came from, "
+                "add trust_checkpoint=true."
+            ) from error
+    except UNREADABLE as error:
+        raise ConfigError(
+            f"ckpt_path={path} is not a readable checkpoint ({first_line(error)}): it may be "
+            "truncated or not a PyTorch checkpoint. Pass another file."
+        ) from error
+    log.warning("trust_checkpoint=true: loading %s with full unpickling.", path)
+    return dict(torch.load(path, map_location="cpu", weights_only=False))
+
+
+def check_same_model(checkpoint: dict[str, Any], model: torch.nn.Module, path: Path) -> None:
+    """Refuse, with one clear message, a checkpoint whose weights do not fit this model."""
+    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    if not expected:
+        return  # built later (configure_model): Lightning checks while loading
+    stored = {
+        name: tuple(value.shape)
+        for name, value in checkpoint.get("state_dict", {}).items()
+        if isinstance(value, torch.Tensor)
+    }
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
+    resized = sorted(n for n in set(expected) & set(stored) if expected[n] != stored[n])
+    if missing or unexpected or resized:
+        details = "; ".join(
+            f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for label, names in (
+                ("missing", missing),
+                ("unexpected", unexpected),
+                ("other shape", resized),
+            )
+            if names
+        )
+        raise ConfigError(
+            f"ckpt_path={path} holds weights of another model ({details}). Pass a checkpoint of "
+            "this model, or choose the model it was trained with (e.g. experiment=...)."
+        )

@@ -10,10 +10,17 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
+from .errors import ConfigError, TrainingError
 from .run_names import register_run_name_resolver
 
 register_run_name_resolver()
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _run(task: Any, cfg: DictConfig) -> float | None:
@@ -24,7 +31,9 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
         print(OmegaConf.to_yaml(cfg, resolve=True))
     try:
         metrics = task(cfg)
-    except ConfigError as error:
+    except (ConfigError, TrainingError) as error:
+        if in_multirun():
+            raise  # Hydra marks this job failed, runs the others, then exits with code 1
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
     name = cfg.get("optimized_metric")

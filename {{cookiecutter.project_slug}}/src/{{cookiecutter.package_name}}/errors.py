@@ -1,5 +1,9 @@
-"""Errors that mean the user must change something; the CLI prints them as one line, exit code 1."""
+"""Errors that the command line reports in one line (exit code 1) instead of a traceback."""
 
 
 class ConfigError(Exception):
-    """A setting, path or file the user gave cannot be used; the message says what to do."""
+    """A setting or input that cannot work: the message says which and what to do instead."""
+
+
+class TrainingError(Exception):
+    """Training cannot go on (e.g. non-finite losses): the message says why and what to try."""

@@ -4,6 +4,7 @@ Imported by the CLI before Hydra starts: no torch here."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 
 from hydra.core.hydra_config import HydraConfig
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
 MAX_LENGTH = 100
+SWEEP_NAME_VARIABLE = "{{ cookiecutter.package_name | upper }}_SWEEP_NAME"
 
 
 def run_name(explicit: str | None, override_dirname: str) -> str:
@@ -30,5 +32,20 @@ def resolve_run_name(*, _root_: DictConfig) -> str:
     return run_name(_root_.get("run_name"), HydraConfig.get().job.override_dirname)
 
 
+def resolve_sweep_name(*, _root_: DictConfig) -> str:
+    """`${sweep_name:}` in hydra.sweep.dir: `run_name`, else the multirun's overrides as typed
+    (sorted), so the same sweep command finds its jobs' run directories again. Hydra resolves the
+    sweep directory again inside each job, with that job's overrides, so the sweep's name is kept
+    in the environment, which launchers pass on to their jobs."""
+    cached = os.environ.get(SWEEP_NAME_VARIABLE)
+    if cached:
+        return cached
+    overrides = ",".join(sorted(str(o) for o in _root_.hydra.overrides.task))
+    name = run_name(_root_.get("run_name"), overrides)
+    os.environ[SWEEP_NAME_VARIABLE] = name
+    return name
+
+
 def register_run_name_resolver() -> None:
     OmegaConf.register_new_resolver("run_name", resolve_run_name, replace=True)
+    OmegaConf.register_new_resolver("sweep_name", resolve_sweep_name, replace=True)

@@ -40,14 +40,22 @@ def resolve_precision(requested: str, accelerator: str) -> str:
     on_cuda = accelerator in ("gpu", "cuda")
     if requested == "auto":
         if on_cuda:
-            return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+            return (
+                "bf16-mixed"
+                if torch.cuda.is_bf16_supported(including_emulation=False)
+                else "16-mixed"
+            )
         return "32-true"
     if accelerator == "cpu" and requested in ("16-mixed", "16-true"):
         raise ConfigError(
             f"trainer.precision={requested} does not work on CPU (16-mixed silently runs as "
             "bf16, 16-true gives NaN losses); use bf16-mixed or 32-true."
         )
-    if on_cuda and requested.startswith("bf16") and not torch.cuda.is_bf16_supported():
+    if (
+        on_cuda
+        and requested.startswith("bf16")
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
         raise ConfigError(
             f"trainer.precision={requested} but {torch.cuda.get_device_name()} has no bf16 "
             "support; use 16-mixed or 32-true."

@@ -11,6 +11,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,28 @@ class SweepSummary(Callback):
     per job with its overrides, status, metrics and run directory."""
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Record the job's status; name a failed job at once, since Hydra stops the sweep with
+        the first failure's error once every job of the batch has run."""
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
         status = {"status": job_return.status.name}
-        if job_return.status == JobStatus.FAILED:
-            status["error"] = repr(job_return._return_value)
         output_dir = Path(config.hydra.runtime.output_dir)
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value
+            status["error"] = f"{type(error).__name__}: {error}"
+            log.error(
+                "Job #%s (%s) failed: %s. Its log: %s",
+                config.hydra.job.get("num", "?"),
+                " ".join(job_return.overrides or []),
+                status["error"],
+                output_dir / f"{config.get('task_name', 'train')}.log",
+            )
         if output_dir.is_dir():
             (output_dir / "job_status.json").write_text(json.dumps(status) + "\n")
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = collect_jobs(sweep_dir)
+        if rows:
+            write_summary(sweep_dir, rows, config.get("optimized_metric"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
 from .callbacks import ExactResume, RunConfigInCheckpoint
-from .checkpoints import newest_valid_checkpoint
+from .callbacks.preemption import STOPPED_BY_SIGNAL_EXIT_CODE, Preempted
+from .checkpoints import (
+    AtomicCheckpointIO,
+    check_same_model,
+    newest_valid_checkpoint,
+    read_checkpoint,
+)
+from .errors import ConfigError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .runtime import (
     configure_matmul_precision,
@@ -21,12 +32,39 @@ from .runtime import (
     resolve_precision,
     use_hydra_logging_only,
 )
+from .targets import check_targets
 
 log = logging.getLogger(__name__)
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Hydra's error for a class that cannot be found or built, as one line naming the key."""
+    try:
+        yield
+    except InstantiationException as error:
+        message = str(error).replace(
+            ", set env var HYDRA_FULL_ERROR=1 to see chained exception", ""
+        )
+        what, _, key = message.partition("\nfull_key: ")
+        cause = error.__cause__
+        detail = f" ({type(cause).__name__}: {cause})" if cause and str(cause) not in what else ""
+        raise ConfigError(
+            f"{key or 'config'}: {what.strip()}{detail}. Check that key's values and `_target_`."
+        ) from error
+
+
+def trainer_plugins() -> list[Any]:
+    """Atomic checkpoint writes; under SLURM, Lightning's own requeue handler off (it saves in the
+    middle of a step): callbacks.preemption saves and requeues at a step boundary instead."""
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return plugins
 
 
 def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
@@ -41,6 +79,7 @@ def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> 
         precision=precision,
         callbacks=callbacks,
         logger=loggers or False,
+        plugins=trainer_plugins(),
     )
 
 
@@ -79,18 +118,22 @@ def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
     log.info("Outputs in %s", output_dir)
 
 
-def starting_checkpoint(cfg: DictConfig) -> str | None:
-    """The newest valid checkpoint of this run directory, else `ckpt_path`, else none."""
+def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> tuple[str | None, bool]:
+    """The newest valid checkpoint of this run directory, else `ckpt_path`, else none; and
+    whether it loads with weights_only=True (only a trusted external checkpoint may not)."""
     ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
     newest = newest_valid_checkpoint(ckpt_dir) if cfg.get("resume") else None
     if newest:
         log.info("Resuming from %s", newest)
-        return str(newest)
+        return str(newest), True
     if cfg.get("ckpt_path"):
-        log.info("Starting from ckpt_path=%s", cfg.ckpt_path)
-        return str(cfg.ckpt_path)
+        path = Path(str(cfg.ckpt_path)).expanduser()
+        checkpoint = read_checkpoint(path, trust=bool(cfg.get("trust_checkpoint")))
+        check_same_model(checkpoint, model, path)
+        log.info("Starting from ckpt_path=%s", path)
+        return str(path), not cfg.get("trust_checkpoint")
     log.info("Starting fresh: no checkpoint in %s", ckpt_dir)
-    return None
+    return None, True
 
 
 def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
@@ -109,20 +152,27 @@ def train(cfg: DictConfig) -> dict[str, float]:
     done = finished_metrics(cfg)
     if done is not None:
         return done
+    check_targets(cfg, cfg.get("allowed_targets") or ())
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
-    datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model)
-    loggers = instantiate_loggers(cfg.get("logger"))
-    callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-    callbacks += [RunConfigInCheckpoint(run_config(cfg)), ExactResume()]
-    trainer = build_trainer(cfg, callbacks, loggers)
+    with config_errors():
+        datamodule = instantiate(cfg.data)
+        model = instantiate(cfg.model)
+        loggers = instantiate_loggers(cfg.get("logger"))
+        callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
+        callbacks += [RunConfigInCheckpoint(run_config(cfg)), ExactResume()]
+        trainer = build_trainer(cfg, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]
 
-    trainer.fit(model, datamodule=datamodule, ckpt_path=starting_checkpoint(cfg), weights_only=True)
+    ckpt_path, weights_only = starting_checkpoint(cfg, model)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
+    except Preempted as stop:
+        log.warning("Stopped: %s", stop)
+        raise SystemExit(STOPPED_BY_SIGNAL_EXIT_CODE) from None
     metrics = scalars(trainer.callback_metrics)
 
     if cfg.get("test"):

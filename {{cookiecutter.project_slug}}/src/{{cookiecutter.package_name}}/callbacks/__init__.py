@@ -1,7 +1,16 @@
 """Callbacks of this project; Lightning's own are configured in `configs/callbacks`."""
 
 from .exact_resume import ExactResume
+from .non_finite import NonFiniteGuard
+from .preemption import Preempted, Preemption
 from .run_config import RunConfigInCheckpoint
 from .throughput import Throughput
 
-__all__ = ["ExactResume", "RunConfigInCheckpoint", "Throughput"]
+__all__ = [
+    "ExactResume",
+    "NonFiniteGuard",
+    "Preempted",
+    "Preemption",
+    "RunConfigInCheckpoint",
+    "Throughput",
+]

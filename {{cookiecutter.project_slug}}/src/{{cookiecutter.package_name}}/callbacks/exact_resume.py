@@ -82,19 +82,12 @@ class ExactResume(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        """Counted at the start, so a checkpoint saved by any callback at the batch's end counts
+        it as done."""
+        self.batches_done += 1
         if self.pending is not None:
             set_random_states(self.pending["random_states"])
             self.pending = None
-
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        self.batches_done += 1
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]

@@ -1,0 +1,133 @@
+"""The doctor: every field on this machine, and the warnings on machines faked to be broken."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }} import doctor
+
+from .helpers import PACKAGE, run_cli
+
+FIELDS = [
+    "python",
+    "torch",
+    "cuda_runtime",
+    "driver",
+    "lightning",
+    "hydra",
+    "logger",
+    "gpus",
+    "bf16",
+    "fp8",
+    "nccl",
+{%- if cookiecutter.logger == "wandb" %}
+    "wandb_login",
+{%- endif %}
+    "disk_free",
+    "accelerator",
+    "precision",
+    "strategy",
+]
+V100 = SimpleNamespace(name="Tesla V100-SXM2-16GB", total_memory=16 * 1024**3, major=7, minor=0)
+H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 1024**3, major=9, minor=0)
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, *gpus: SimpleNamespace, bf16: bool = True) -> None:
+    """torch built for CUDA 12.8 with these GPUs visible (none: a machine without a GPU)."""
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(gpus))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: gpus[i])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: gpus[0].name)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(doctor, "driver_version", lambda: "570.86.15" if gpus else None)
+
+
+def test_every_field_is_printed(tmp_path: Path) -> None:
+    result = run_cli("-m", f"{PACKAGE}.doctor", cwd=tmp_path)
+    for field in FIELDS:
+        label = field.replace("_", " ")
+        assert re.search(rf"^{label}: +\S", result.stdout, re.MULTILINE), f"no {label}: line"
+    warned = "\nwarning: " in result.stdout
+    assert result.returncode == (1 if warned else 0), result.stderr[-3000:]
+
+
+def test_json_has_every_key(tmp_path: Path) -> None:
+    result = run_cli("-m", f"{PACKAGE}.doctor", "--json", cwd=tmp_path)
+    report = json.loads(result.stdout)
+    assert set(FIELDS) <= set(report)
+    assert result.returncode == (1 if report["warnings"] else 0), result.stderr[-3000:]
+
+
+def test_cuda_build_without_a_gpu_warns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_cuda(monkeypatch)
+    assert doctor.main([]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^accelerator: +cpu", out, re.MULTILINE)
+    assert "warning: torch is built for CUDA 12.8 but cannot use a GPU" in out
+
+
+def test_driver_with_a_cpu_only_torch_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(doctor, "driver_version", lambda: "570.86.15")
+    fields, problems = doctor.diagnose()
+    assert fields["driver"] == "570.86.15"
+    assert any("is a CPU-only build" in problem for problem in problems)
+
+
+@pytest.mark.parametrize(
+    ("emulated", "warning"),
+    [(True, "emulated and slow"), (False, "has no bf16 support")],
+)
+def test_bf16_on_a_gpu_without_it_warns(
+    monkeypatch: pytest.MonkeyPatch, emulated: bool, warning: str
+) -> None:
+    fake_cuda(monkeypatch, V100, bf16=emulated)
+    fields, problems = doctor.diagnose(["trainer.precision=bf16-mixed"])
+    assert "compute capability 7.0" in fields["gpu_0"]
+    assert fields["bf16"].startswith("no")
+    assert fields["fp8"].startswith("no")
+    assert any(warning in problem for problem in problems), problems
+
+
+def test_several_gpus_without_nccl_warn(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cuda(monkeypatch, H100, H100)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    fields, problems = doctor.diagnose(["trainer.devices=2"])
+    assert fields["gpus"] == "2"
+    assert (fields["bf16"], fields["fp8"]) == ("yes", "yes")
+    assert fields["precision"].startswith("bf16-mixed")
+    assert fields["strategy"].startswith("auto (DDP), 2 cuda devices")
+    assert any("no NCCL" in problem for problem in problems), problems
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def test_wandb_key_is_never_printed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    assert doctor.diagnose()[0]["wandb_login"] == "not logged in: runs log offline"
+
+    monkeypatch.setenv("WANDB_API_KEY", "secret-key-0123456789")
+    doctor.main(["--json"])
+    out = capsys.readouterr().out
+    assert json.loads(out)["wandb_login"] == "logged in (key from WANDB_API_KEY)"
+    assert "secret-key" not in out
+{%- endif %}
