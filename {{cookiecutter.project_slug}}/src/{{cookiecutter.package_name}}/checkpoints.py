@@ -133,7 +133,7 @@ def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
             "ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
         )
     try:
-        return dict(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        return dict(torch.load(path, map_location="cpu", weights_only=True))
     except pickle.UnpicklingError as error:
         if not trust:
             raise ConfigError(

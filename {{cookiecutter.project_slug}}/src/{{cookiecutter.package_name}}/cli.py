@@ -30,6 +30,11 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
     if extras.get("print_config"):
         print(OmegaConf.to_yaml(cfg, resolve=True))
     try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(
+                f"{', '.join(missing)} must be set: add e.g. {missing[0]}=... to the command."
+            )
         metrics = task(cfg)
     except (ConfigError, TrainingError) as error:
         if in_multirun():

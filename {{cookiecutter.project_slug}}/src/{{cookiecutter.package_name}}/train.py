@@ -24,7 +24,7 @@ from .checkpoints import (
     newest_valid_checkpoint,
     read_checkpoint,
 )
-from .errors import ConfigError
+from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .runtime import (
     configure_matmul_precision,
@@ -43,18 +43,20 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
 
 @contextmanager
 def config_errors() -> Iterator[None]:
-    """Hydra's error for a class that cannot be found or built, as one line naming the key."""
+    """Hydra's error for a class that cannot be found or built, as one line naming the key; our
+    own errors raised while building pass through as they are."""
     try:
         yield
     except InstantiationException as error:
+        if isinstance(error.__cause__, (ConfigError, TrainingError)):
+            raise error.__cause__ from None
         message = str(error).replace(
             ", set env var HYDRA_FULL_ERROR=1 to see chained exception", ""
         )
         what, _, key = message.partition("\nfull_key: ")
-        cause = error.__cause__
-        detail = f" ({type(cause).__name__}: {cause})" if cause and str(cause) not in what else ""
+        what = " ".join(what.split())
         raise ConfigError(
-            f"{key or 'config'}: {what.strip()}{detail}. Check that key's values and `_target_`."
+            f"{key or 'config'}: {what} Check that key's values and `_target_`."
         ) from error
 
 

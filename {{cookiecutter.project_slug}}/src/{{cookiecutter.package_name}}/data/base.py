@@ -16,6 +16,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from ..errors import ConfigError
+
 
 def split_indices(
     count: int, fractions: tuple[float, float], seed: int
@@ -56,6 +58,10 @@ class SplitDataModule(L.LightningDataModule):
 
     def __init__(self, batch_size: int, num_workers: int) -> None:
         super().__init__()
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"data.batch_size={batch_size!r}: use a whole number of 1 or more.")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"data.num_workers={num_workers!r}: use a whole number, 0 or more.")
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.splits: dict[str, Dataset[Any]] = {}

@@ -1,0 +1,219 @@
+"""Bad input gets one clear error, exit code 1, and changes nothing already written; a NaN never
+reaches the weights or a checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from {{ cookiecutter.package_name }}.checkpoints import newest_valid_checkpoint
+from {{ cookiecutter.package_name }}.cli import _run
+from {{ cookiecutter.package_name }}.errors import TrainingError
+from {{ cookiecutter.package_name }}.evaluate import evaluate
+from {{ cookiecutter.package_name }}.train import train
+
+from .helpers import PACKAGE, ComposeFn, checkpoints
+{%- if cookiecutter.examples == "language" %}
+
+SHORT_RUN = [
+    "model.net.n_layer=1", "data.max_bytes=200000", "trainer.max_steps=8",
+    "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "test=false",
+]  # fmt: skip
+MISSING_DATA = ("data.source=/no/such/corpus", "data.source=/no/such/corpus")
+{%- else %}
+
+SHORT_RUN = [
+    "trainer.max_epochs=1", "trainer.limit_train_batches=8", "trainer.limit_val_batches=2",
+    "test=false",
+]  # fmt: skip
+MISSING_DATA = ("data=mnist data.data_dir=/no/such/folder data.download=false", "data.data_dir")
+{%- endif %}
+
+
+def fails_with(
+    task: Any, cfg: DictConfig, capsys: pytest.CaptureFixture[str], *fragments: str
+) -> str:
+    """Run as the command line does: one line on stderr, exit code 1."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(task, cfg)
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def snapshot(path: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()
+    }
+
+
+@pytest.fixture
+def written(tmp_path: Path) -> Path:
+    """A folder of files that earlier runs wrote; no failing command may change it."""
+    folder = tmp_path / "earlier"
+    folder.mkdir()
+    torch.save({"state_dict": {"layer.weight": torch.ones(2, 2)}}, folder / "other_model.ckpt")
+    (folder / "corrupt.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    torch.save({"state_dict": {}, "extra": Path("needs/unpickling")}, folder / "pickled.ckpt")
+    good = folder / "truncated.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, good)
+    good.write_bytes(good.read_bytes()[:200])
+    torch.save({"state_dict": {}}, folder / "no_run_config.ckpt")
+    torch.save(
+        {"run_config": {"data": {"_target_": "os.system", "command": "touch pwned"}, "model": {}}},
+        folder / "evil_run_config.ckpt",
+    )
+    return folder
+
+
+TRAIN_CASES = {
+    "missing ckpt_path": (["ckpt_path={dir}/nope.ckpt"], ["does not exist"]),
+    "corrupt ckpt_path": (["ckpt_path={dir}/corrupt.ckpt"], ["not a readable checkpoint"]),
+    "truncated ckpt_path": (["ckpt_path={dir}/truncated.ckpt"], ["not a readable checkpoint"]),
+    "ckpt_path of another model": (["ckpt_path={dir}/other_model.ckpt"], ["another model"]),
+    "ckpt_path needing full unpickling": (["ckpt_path={dir}/pickled.ckpt"], ["trust_checkpoint=true"]),
+    "_target_ outside the allowlist": (["model.net._target_=os.system"], ["not allowed", "allowed_targets"]),
+    "_target_ that does not exist": (["model.net._target_=torch.nn.NoSuchLayer"], ["model.net", "NoSuchLayer"]),
+    "batch size of the wrong type": (["data.batch_size=many"], ["data.batch_size", "whole number"]),
+    "batch size zero": (["data.batch_size=0"], ["data.batch_size"]),
+    "negative worker count": (["data.num_workers=-2"], ["data.num_workers"]),
+    "unknown precision": (["trainer.precision=fp8"], ["not one of"]),
+    "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
+    "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
+    "missing data path": (MISSING_DATA[0].split(), [MISSING_DATA[1]]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TRAIN_CASES))
+def test_bad_train_input_gets_one_clear_error(
+    case: str, train_config: ComposeFn, written: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overrides, fragments = TRAIN_CASES[case]
+    before = snapshot(written)
+    cfg = train_config(*SHORT_RUN, *(o.format(dir=written) for o in overrides))
+    fails_with(train, cfg, capsys, *fragments)
+    assert snapshot(written) == before, "a failing command changed files it did not own"
+    assert not checkpoints(cfg), "nothing was trained"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")
+def test_gpu_asked_for_without_one(
+    train_config: ComposeFn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fails_with(train, train_config(*SHORT_RUN, "trainer=gpu"), capsys, "trainer=cpu")
+
+
+EVAL_CASES = {
+    "missing checkpoint": ("{dir}/nope.ckpt", ["does not exist"]),
+    "corrupt checkpoint": ("{dir}/corrupt.ckpt", ["not a readable checkpoint"]),
+    "checkpoint from elsewhere": ("{dir}/no_run_config.ckpt", ["no run_config"]),
+    "checkpoint naming code outside the allowlist": ("{dir}/evil_run_config.ckpt", ["os.system", "not allowed"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(EVAL_CASES))
+def test_bad_eval_input_gets_one_clear_error(
+    case: str,
+    eval_config: ComposeFn,
+    written: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path, fragments = EVAL_CASES[case]
+    before = snapshot(written)
+    fails_with(evaluate, eval_config(f"ckpt_path={path.format(dir=written)}"), capsys, *fragments)
+    assert snapshot(written) == before
+    assert not (tmp_path / "pwned").exists(), "the checkpoint's code ran"
+
+
+CLI_CASES = {
+    "unknown option of a group": (["model=nope"], ["model", "nope"]),
+    "unknown key": (["trainer.max_epoch=3"], ["trainer.max_epoch", "+trainer.max_epoch"]),
+    "unknown group": (["optimiser=adam"], ["optimiser"]),
+    "unparsable override": (["trainer.max_epochs=[1"], ["[1", "override_grammar"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_bad_command_line_gets_a_clear_error_without_a_traceback(case: str, tmp_path: Path) -> None:
+    args, fragments = CLI_CASES[case]
+    result = subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+    assert not (tmp_path / "logs").exists(), "nothing was written"
+
+
+def test_eval_without_a_checkpoint_says_which_key_is_missing(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", f"from {PACKAGE}.cli import evaluate; evaluate()"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: ckpt_path must be set: add e.g. ckpt_path=... to the command."
+    ]
+
+
+NAN_AT_STEP_5 = [
+    "allowed_targets=[tests]",
+    "+callbacks.nan._target_=tests.faults.NanGradientAt",
+    "+callbacks.nan.steps=[5]",
+]
+
+
+def assert_all_checkpoints_finite(cfg: DictConfig) -> None:
+    for path in checkpoints(cfg):
+        state = torch.load(path, weights_only=True)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_nan_gradient_stops_the_run_naming_the_step(train_config: ComposeFn) -> None:
+    cfg = train_config(
+        *SHORT_RUN, *NAN_AT_STEP_5, "callbacks.step_checkpoint.every_n_train_steps=2"
+    )
+    with pytest.raises(TrainingError, match="at step 5"):
+        train(cfg)
+    assert_all_checkpoints_finite(cfg)
+    assert newest_valid_checkpoint(Path(cfg.paths.output_dir) / "checkpoints") is not None
+
+
+def test_nan_gradient_is_skipped_when_asked(train_config: ComposeFn) -> None:
+    cfg = train_config(*SHORT_RUN, *NAN_AT_STEP_5, "callbacks.non_finite.action=skip")
+    metrics = train(cfg)
+    assert all(torch.isfinite(torch.tensor(value)) for value in metrics.values())
+    assert_all_checkpoints_finite(cfg)
+
+
+def test_too_many_skipped_steps_stop_the_run(train_config: ComposeFn) -> None:
+    cfg = train_config(
+        *SHORT_RUN, *NAN_AT_STEP_5[:2], "+callbacks.nan.steps=[1,2,3,4,5]",
+        "callbacks.non_finite.action=skip", "callbacks.non_finite.max_skipped=3",
+    )  # fmt: skip
+    with pytest.raises(TrainingError, match="max_skipped=3"):
+        train(cfg)
+    assert_all_checkpoints_finite(cfg)
