@@ -63,17 +63,18 @@ def written(tmp_path: Path) -> Path:
     """A folder of files that earlier runs wrote; no failing command may change it."""
     folder = tmp_path / "earlier"
     folder.mkdir()
-    torch.save({"state_dict": {"layer.weight": torch.ones(2, 2)}}, folder / "other_model.ckpt")
+    other_weights = {"layer.weight": torch.ones(2, 2)}
+    torch.save({"state_dict": other_weights}, folder / "other_model.ckpt")
     (folder / "corrupt.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
     torch.save({"state_dict": {}, "extra": Path("needs/unpickling")}, folder / "pickled.ckpt")
     good = folder / "truncated.ckpt"
-    torch.save({"state_dict": {"w": torch.zeros(1000)}}, good)
+    weights = {"w": torch.zeros(1000)}
+    torch.save({"state_dict": weights}, good)
     good.write_bytes(good.read_bytes()[:200])
-    torch.save({"state_dict": {}}, folder / "no_run_config.ckpt")
-    torch.save(
-        {"run_config": {"data": {"_target_": "os.system", "command": "touch pwned"}, "model": {}}},
-        folder / "evil_run_config.ckpt",
-    )
+    torch.save({"state_dict": weights}, folder / "no_run_config.ckpt")
+    evil_data = {"_target_": "os.system", "command": "touch pwned"}
+    run_config = {"data": evil_data, "model": dict(evil_data)}
+    torch.save({"run_config": run_config}, folder / "evil_run_config.ckpt")
     return folder
 
 

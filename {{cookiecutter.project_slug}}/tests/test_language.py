@@ -99,6 +99,7 @@ def test_language_on_gpu_bf16_compiled(train_config: ComposeFn) -> None:
         "trainer.precision=bf16-mixed",
         "model.compile=true",
         "trainer.max_steps=100",
+        "trainer.val_check_interval=50",
         "trainer.log_every_n_steps=10",
     )
     metrics = train(cfg)

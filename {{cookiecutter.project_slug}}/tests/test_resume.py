@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,23 @@ def assert_same_training(reference: Path, resumed: Path) -> None:
         assert torch.equal(value, resumed_weights[name]), f"{name} differs after the resume"
 
 
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[list[str]], Path]:
+    """The uninterrupted run of EXACT_RUN plus some overrides, trained once for all tests."""
+    runs: dict[str, Path] = {}
+
+    def run(extra: list[str]) -> Path:
+        key = " ".join(extra)
+        if key not in runs:
+            cwd = tmp_path_factory.mktemp("reference")
+            code, output = finish(start([*EXACT_RUN, *extra], cwd))
+            assert code == 0, output[-3000:]
+            runs[key] = cwd
+        return runs[key]
+
+    return run
+
+
 KILL_CASES = {
     # kill at step: what the newest checkpoint is when the run dies
     "mid-epoch": (6, []),  # step 4, half-way through epoch 0
@@ -151,10 +169,12 @@ KILL_CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(KILL_CASES))
-def test_sigkill_then_the_same_command_trains_exactly_as_without(tmp_path: Path, case: str) -> None:
+def test_sigkill_then_the_same_command_trains_exactly_as_without(
+    tmp_path: Path, case: str, reference_run: Callable[[list[str]], Path]
+) -> None:
     kill_at, extra = KILL_CASES[case]
-    code, output = finish(start([*EXACT_RUN, *extra], tmp_path / "reference"))
-    assert code == 0, output[-3000:]
+    # Which checkpoints are written does not change training: one reference serves both.
+    reference = reference_run([o for o in extra if not o.startswith("callbacks.last_checkpoint")])
 
     kill = [
         "+callbacks.kill._target_=tests.faults.SignalAt", f"+callbacks.kill.step={kill_at}",
@@ -166,7 +186,7 @@ def test_sigkill_then_the_same_command_trains_exactly_as_without(tmp_path: Path,
     code, output = finish(start(command, tmp_path / "killed"))
     assert code == 0, output[-3000:]
     assert "Resuming from" in output
-    assert_same_training(tmp_path / "reference", tmp_path / "killed")
+    assert_same_training(reference, tmp_path / "killed")
 
 
 @pytest.mark.slow
@@ -187,9 +207,9 @@ def test_ddp_run_killed_on_both_ranks_resumes_exactly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_saves_at_the_next_step_boundary_and_exits_143(tmp_path: Path) -> None:
-    code, output = finish(start(EXACT_RUN, tmp_path / "reference"))
-    assert code == 0, output[-3000:]
+def test_sigterm_saves_at_the_next_step_boundary_and_exits_143(
+    tmp_path: Path, reference_run: Callable[[list[str]], Path]
+) -> None:
     term = [
         "+callbacks.term._target_=tests.faults.SignalAt", "+callbacks.term.step=5",
         "+callbacks.term.signal_name=SIGTERM", f"+callbacks.term.marker={tmp_path / 'marker'}",
@@ -203,7 +223,7 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_143(tmp_path: Path) -
 
     code, output = finish(start([*EXACT_RUN, *term], tmp_path / "stopped"))
     assert code == 0, output[-3000:]
-    assert_same_training(tmp_path / "reference", tmp_path / "stopped")
+    assert_same_training(reference_run([]), tmp_path / "stopped")
 
 
 @pytest.mark.slow
@@ -224,6 +244,20 @@ def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path: Path) -> None:
     assert code == 143, output[-3000:]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     assert "SIGUSR1 at step 4" in output and "requeued the job" in output
+
+
+def test_random_states_survive_a_checkpoint_and_load_lazily(tmp_path: Path) -> None:
+    """Lightning's lazy loader (FSDP) reads every tensor a checkpoint holds."""
+    from lightning.fabric.utilities.load import _lazy_load, _materialize_tensors
+
+    from {{ cookiecutter.package_name }}.callbacks.exact_resume import random_states, set_random_states
+
+    path = tmp_path / "states.ckpt"
+    torch.save({"random_states": random_states()}, path)
+    expected = torch.rand(3)
+    set_random_states(_materialize_tensors(_lazy_load(path))["random_states"])
+    set_random_states(torch.load(path, weights_only=True)["random_states"])
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_previous_one(tmp_path: Path) -> None:
@@ -265,9 +299,8 @@ def test_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path) -> 
     from {{ cookiecutter.package_name }}.checkpoints import AtomicCheckpointIO
 
     path = tmp_path / "last.ckpt"
-    atomic_torch_save({"state_dict": {"w": torch.ones(2)}}, path)
+    finite, broken = {"w": torch.ones(2)}, {"w": torch.tensor([1.0, torch.nan])}
+    atomic_torch_save({"state_dict": finite}, path)
     with pytest.raises(NonFiniteWeightsError, match="w"):
-        AtomicCheckpointIO().save_checkpoint(
-            {"state_dict": {"w": torch.tensor([1.0, torch.nan])}}, path
-        )
+        AtomicCheckpointIO().save_checkpoint({"state_dict": broken}, path)
     assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(2))

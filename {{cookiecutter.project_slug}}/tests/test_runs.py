@@ -138,4 +138,38 @@ def test_wandb_without_login_logs_offline_and_finishes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no login found, logging offline" in result.stderr + result.stdout
     assert list(tmp_path.glob("logs/debug/runs/*/wandb/offline-run-*"))
+
+
+@pytest.mark.slow
+def test_unreachable_wandb_server_means_offline_same_run_id_and_no_secret(tmp_path: Path) -> None:
+    import time
+
+    secret = "local-" + "0123456789abcdef" * 2 + "01234567"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        "HOME": str(home),
+        "NETRC": str(home / ".netrc"),
+        "WANDB_API_KEY": secret,
+        "WANDB_BASE_URL": "http://127.0.0.1:9",  # nothing listens there
+        "WANDB_MODE": "",
+        "WANDB_CONFIG_DIR": str(home / ".config" / "wandb"),
+    }
+    command = ["-m", PACKAGE, "debug=limit", "logger=wandb", "trainer=cpu"]
+    outputs = []
+    for _ in range(2):  # debug=limit trains again in the same run directory
+        started = time.monotonic()
+        result = run_cli(*command, cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert time.monotonic() - started < 90
+        outputs.append(result.stdout + result.stderr)
+        assert "cannot start the online run" in outputs[-1]
+    (run_dir,) = (tmp_path / "logs" / "debug" / "runs").iterdir()
+    run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
+    offline_runs = sorted(run_dir.glob("wandb/offline-run-*"))
+    assert len(offline_runs) == 2 and all(p.name.endswith(run_id) for p in offline_runs)
+    assert all(secret not in output for output in outputs)
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and home not in path.parents:
+            assert secret.encode() not in path.read_bytes(), f"the API key is in {path}"
 {%- endif %}

@@ -109,6 +109,26 @@ def test_sweep_runs_on_each_launcher_and_is_summarized(tmp_path: Path, launcher:
     assert (sweep_dir / "summary.svg").read_text().count("<rect") == 2
 
 
+@pytest.mark.slow
+def test_failed_job_is_named_the_others_run_and_the_same_command_resumes_the_sweep(
+    tmp_path: Path,
+) -> None:
+    command = ["-m", PACKAGE, "--multirun", *QUICK, "data.batch_size=0,32"]
+    first = run_cli(*command, cwd=tmp_path)
+    assert first.returncode == 1
+    output = first.stdout + first.stderr
+    assert "Job #0 (" in output and "data.batch_size=0" in output
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert [row["status"] for row in summary_rows(sweep_dir)] == ["FAILED", "COMPLETED"]
+
+    again = run_cli(*command, cwd=tmp_path)
+    assert again.returncode == 1
+    assert [p.name for p in (tmp_path / "logs" / "train" / "multiruns").iterdir()] == [
+        sweep_dir.name
+    ], "the same sweep command uses the same sweep directory"
+    assert "This run already finished" in again.stdout + again.stderr
+
+
 def test_ddp_inside_a_multirun_is_refused_before_any_job(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     result = run_cli(

@@ -7,6 +7,10 @@ import logging
 {%- if cookiecutter.logger == "wandb" %}
 import netrc
 import os
+import secrets
+import urllib.error
+import urllib.request
+from pathlib import Path
 {%- endif %}
 from typing import Any
 {%- if cookiecutter.logger == "wandb" %}
@@ -17,7 +21,11 @@ from hydra.utils import instantiate
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+{%- if cookiecutter.logger == "wandb" %}
+from omegaconf import DictConfig, OmegaConf, open_dict
+{%- else %}
 from omegaconf import DictConfig
+{%- endif %}
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +93,18 @@ def wandb_login_present() -> bool:
         return False
 
 
-def prepare_wandb(group: DictConfig | None) -> None:
-    """With no wandb login, log offline (one line says so) instead of prompting or failing."""
-    node = group.get("wandb") if group else None
-    if node is None or node.get("offline"):
-        return
-    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+def prepare_wandb(node: DictConfig) -> None:
+    """With no wandb login, log offline (one line says so) instead of prompting or failing. A run
+    keeps one wandb run id, stored in its run directory, so a resumed run continues it."""
+    if node.get("id") is None and node.get("save_dir"):
+        id_file = Path(str(node.save_dir)) / "wandb_run_id.txt"
+        if not id_file.is_file():
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(secrets.token_hex(8) + "\n")
+        with open_dict(node):
+            node.id = id_file.read_text().strip()
+            node.resume = "allow"
+    if node.get("offline") or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
         return
     if not wandb_login_present():
         node.offline = True
@@ -99,11 +113,56 @@ def prepare_wandb(group: DictConfig | None) -> None:
             "with `wandb sync <that folder>/wandb/offline-run-*`.",
             node.get("save_dir"),
         )
+
+
+def wandb_server_answers(timeout: float) -> str | None:
+    """None when the wandb server answers HTTP within `timeout` seconds (through any proxy the
+    environment sets), else why not. wandb's own wait for an unreachable server is minutes."""
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as error:
+        return f"{url} does not answer: {getattr(error, 'reason', error)}"
+    return None
+
+
+def start_wandb(node: DictConfig) -> Any:
+    """Start the wandb run now rather than at its first log call, so that an unreachable server
+    means logging offline within about `settings.init_timeout` seconds, not a crash."""
+    prepare_wandb(node)
+    if node.get("offline") or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return instantiate(node)
+    timeout = float(OmegaConf.select(node, "settings.init_timeout", default=30))
+    problem = wandb_server_answers(timeout / 3)
+    logger = instantiate(node)
+    if problem is None:
+        try:
+            logger.experiment  # noqa: B018 (starts the run)
+            return logger
+        except Exception as error:  # wandb raises several types for network failures
+            problem = str(error).splitlines()[0] if str(error) else type(error).__name__
+            import wandb
+
+            wandb.teardown()
+    log.warning(
+        "wandb: cannot start the online run (%s); logging offline under %s instead. Upload "
+        "later with `wandb sync <that folder>/wandb/offline-run-*`.",
+        problem,
+        node.get("save_dir"),
+    )
+    node.offline = True
+    return instantiate(node)
+
+
 {%- endif %}
 
 
 def instantiate_loggers(group: DictConfig | None) -> list[Any]:
 {%- if cookiecutter.logger == "wandb" %}
-    prepare_wandb(group)
+    if group and isinstance(group.get("wandb"), DictConfig) and "_target_" in group.wandb:
+        others = OmegaConf.masked_copy(group, [str(name) for name in group if name != "wandb"])
+        return [start_wandb(group.wandb), *instantiate_group(others)]
 {%- endif %}
     return instantiate_group(group)

@@ -25,7 +25,9 @@ def random_states() -> dict[str, Any]:
         return states
     numpy_state: Any = np.random.get_state()
     kind, keys, position, has_gauss, cached_gauss = numpy_state
-    states["numpy"] = (kind, torch.from_numpy(keys.copy()), position, has_gauss, cached_gauss)
+    # int64, not uint32: Lightning's lazy loader (FSDP) cannot read uint32 storages.
+    keys = torch.from_numpy(keys.astype(np.int64))
+    states["numpy"] = (kind, keys, position, has_gauss, cached_gauss)
     return states
 
 
@@ -38,7 +40,8 @@ def set_random_states(states: dict[str, Any]) -> None:
         import numpy as np
 
         kind, keys, position, has_gauss, cached_gauss = states["numpy"]
-        np.random.set_state((kind, keys.numpy(), position, has_gauss, cached_gauss))
+        keys = keys.numpy().astype(np.uint32)
+        np.random.set_state((kind, keys, position, has_gauss, cached_gauss))
 
 
 class ExactResume(Callback):

@@ -5,6 +5,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from ..errors import TrainingError
@@ -12,6 +13,12 @@ from ..errors import TrainingError
 log = logging.getLogger(__name__)
 
 ACTIONS = ("stop", "skip")
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor's (FSDP2, tensor parallel) whole value; a plain tensor as it is."""
+    gather = getattr(value, "full_tensor", None)
+    return gather() if callable(gather) else value
 
 
 class NonFiniteGuard(Callback):
@@ -43,7 +50,12 @@ class NonFiniteGuard(Callback):
         present = [grad for grad in grads if grad is not None]
         if not present:
             return
-        bad = ~torch.isfinite(torch.nn.utils.get_total_norm(present, foreach=True))
+        bad = ~torch.isfinite(full_tensor(torch.nn.utils.get_total_norm(present, foreach=True)))
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            # Sharded strategies see only their shard's gradients: skip on every rank or none.
+            flag = bad.to(torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            bad = flag.bool()
         step = trainer.global_step
         if getattr(optimizer, "_step_supports_amp_scaling", False) and not self.uses_grad_scaler(
             trainer

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 from torchmetrics import MeanMetric
 
 from .nets.gpt import GPT
-from .optim import OptimizerFactory, SchedulerFactory, configure_optimizers
+from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
 
 
 class LanguageModel(L.LightningModule):
@@ -62,7 +62,8 @@ class LanguageModel(L.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> torch.Tensor:
         loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        # Not on the progress bar: Lightning reads progress-bar values to the host every step.
+        self.log("train/loss", loss)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -78,6 +79,14 @@ class LanguageModel(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.log("test/bits_per_byte", self.test_loss.compute() / math.log(2))
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
         return configure_optimizers(

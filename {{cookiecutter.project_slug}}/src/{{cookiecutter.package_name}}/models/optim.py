@@ -6,7 +6,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -60,3 +63,34 @@ def configure_optimizers(
             "interval": "step",
         },
     }
+
+
+def clip_gradients(
+    module: L.LightningModule,
+    optimizer: torch.optim.Optimizer,
+    clip_val: float | None,
+    algorithm: str | None,
+) -> None:
+    """`configure_gradient_clipping` that also clips for fused optimizers (fused AdamW), which
+    Lightning's mixed-precision plugin refuses because they unscale fp16 gradients inside their own
+    step. Unscaling first (16-mixed) makes the clipping correct; bf16-mixed has nothing to unscale."""
+    strategy = module.trainer.strategy
+    if clip_val and isinstance(strategy, FSDPStrategy) and algorithm != "value":
+        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's own method does it
+        # across the shards.
+        strategy.model.clip_grad_norm_(clip_val)  # type: ignore[union-attr,operator]
+        return
+    plugin = module.trainer.precision_plugin
+    handles_unscaling = getattr(optimizer, "_step_supports_amp_scaling", False)
+    if not (clip_val and handles_unscaling and isinstance(plugin, MixedPrecision)):
+        module.clip_gradients(
+            optimizer, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm
+        )
+        return
+    if plugin.scaler is not None:
+        plugin.scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if algorithm == "value":
+        nn.utils.clip_grad_value_(params, clip_val)
+    else:
+        nn.utils.clip_grad_norm_(params, clip_val)

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class CausalSelfAttention(nn.Module):
@@ -70,9 +71,11 @@ class GPT(nn.Module):
         n_embd: int = 128,
         dropout: float = 0.0,
         bias: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.block_size = block_size
+        self.activation_checkpointing = activation_checkpointing
         self.n_layer = n_layer
         self.n_head = n_head
         self.n_embd = n_embd
@@ -112,7 +115,11 @@ class GPT(nn.Module):
         pos = torch.arange(seq, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            x = block(x)
+            if self.activation_checkpointing and self.training:
+                # Keep only each block's input; recompute its activations in the backward pass.
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.lm_head(self.ln_f(x))
 
     @torch.no_grad()

@@ -1,0 +1,105 @@
+"""The benchmark runs on CPU and reports every figure; these tests check the report, not speed."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from {{ cookiecutter.package_name }}.bench import bench
+from {{ cookiecutter.package_name }}.errors import ConfigError
+
+from .helpers import compose_config
+
+LOOP_FIELDS = [
+    "step_time_median_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "step_time_mean_s",
+    "samples_per_sec",
+    "tflops",
+    "mfu_vs_matmul",
+    "data_share",
+    "first_step_s",
+    "warmup_excess_s",
+]
+
+
+def run_bench(tmp_path: Path, *overrides: str) -> dict[str, Any]:
+    cfg = compose_config(
+        "bench",
+        ["trainer=cpu", "bench.warmup=2", "bench.steps=6", "bench.matmul_size=256", *overrides],
+        tmp_path,
+    )
+    results = bench(cfg)
+    written = json.loads(Path(cfg.bench.output).read_text())
+    assert written == json.loads(json.dumps(results))
+    return results
+
+
+def assert_sane(results: dict[str, Any]) -> None:
+    assert results["precision"] == "32-true"
+    assert results["device"]
+    assert results["matmul_tflops"] > 0
+    assert results["same_batches"] is True
+    for loop in ("lightning", "plain"):
+        figures = results[loop]
+        for field in LOOP_FIELDS:
+            assert math.isfinite(figures[field]) and figures[field] >= 0, (loop, field)
+        assert figures["step_time_median_s"] > 0
+        assert figures["step_time_p10_s"] <= figures["step_time_p90_s"]
+        assert 0 <= figures["data_share"] < 1
+        # GPU-only figures are absent on CPU; compile time only when compiling.
+        assert figures["peak_memory_gib"] is None
+        assert figures["mfu"] is None
+        assert figures["compile_s"] is None
+    assert results["peak_tflops"] is None
+    for ratio in ("ratio", "ratio_mean"):
+        assert math.isfinite(results[ratio]) and results[ratio] > 0
+{%- if cookiecutter.examples != "language" %}
+
+
+def test_bench_digits_on_cpu(tmp_path: Path) -> None:
+    results = run_bench(tmp_path, "experiment=digits")
+    assert_sane(results)
+    assert results["batch_size"] == 64
+    assert results["flops_per_sample"] > 0
+    assert results["tokens_per_sample"] is None
+    assert results["lightning"]["tokens_per_sec"] is None
+{%- endif %}
+{%- if cookiecutter.examples != "vision" %}
+
+
+def test_bench_language_on_cpu(tmp_path: Path) -> None:
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 2000)
+    results = run_bench(
+        tmp_path,
+        "experiment=language",
+        f"data.source={text}",
+        "model.net.n_layer=2",
+        "model.net.n_embd=64",
+        "model.net.n_head=2",
+        "data.block_size=64",
+    )
+    assert_sane(results)
+    assert results["tokens_per_sample"] == 64
+    for loop in ("lightning", "plain"):
+        figures = results[loop]
+        assert figures["tokens_per_sec"] == pytest.approx(figures["samples_per_sec"] * 64)
+{%- endif %}
+
+
+def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
+    results = run_bench(tmp_path, "bench.plain=false")
+    assert "plain" not in results and "ratio" not in results
+    assert results["lightning"]["step_time_median_s"] > 0
+
+
+def test_bench_refuses_too_few_steps(tmp_path: Path) -> None:
+    cfg = compose_config("bench", ["trainer=cpu", "bench.steps=1"], tmp_path)
+    with pytest.raises(ConfigError, match=r"bench\.steps"):
+        bench(cfg)
