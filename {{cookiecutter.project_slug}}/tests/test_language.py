@@ -86,7 +86,12 @@ def test_language_model_learns(train_config: ComposeFn) -> None:
 
 @pytest.mark.slow
 def test_default_language_experiment_beats_unigram_baseline(train_config: ComposeFn) -> None:
-    metrics = train(train_config("experiment=language"))
+    """The default experiment's model, data and schedule, cut to 120 of its 300 steps (its full
+    run ends near val/loss 2.28 against the unigram baseline's 3.24)."""
+    cfg = train_config(
+        "experiment=language", "trainer.max_steps=120", "trainer.val_check_interval=120"
+    )
+    metrics = train(cfg)
     assert metrics["val/loss"] < metrics["baseline/unigram_loss"] - 0.5
 
 
