@@ -51,6 +51,8 @@ def test_generated_project_passes_its_own_checks(bake: Bake, mypy_cache: Path, c
     check(run([python, "-m", "mypy"], project, MYPY_CACHE_DIR=str(mypy_cache)), "mypy")
     # Two processes (this machine's cores); a test file stays on one, sharing its fixtures.
     parallel = ["-n", "2", "--dist", "loadfile"]
-    tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *parallel], project)
+    tests = run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *parallel], project
+    )
     check(tests, "pytest")
     assert " passed" in tests.stdout and " failed" not in tests.stdout
