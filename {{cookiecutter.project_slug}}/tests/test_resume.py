@@ -260,6 +260,29 @@ def test_random_states_survive_a_checkpoint_and_load_lazily(tmp_path: Path) -> N
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.slow
+def test_terminated_multirun_exits_143_naming_the_job_and_the_same_command_finishes_it(
+    tmp_path: Path,
+) -> None:
+    term = [
+        "+callbacks.term._target_=tests.faults.SignalAt", "+callbacks.term.step=3",
+        "+callbacks.term.signal_name=SIGTERM", f"+callbacks.term.marker={tmp_path / 'marker'}",
+    ]  # fmt: skip
+    sweep = ["--multirun", *EXACT_RUN, *term, "trainer.max_epochs=1", "seed=1,2"]
+    code, output = finish(start(sweep, tmp_path))
+    assert code == 143, output[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert f"SIGTERM at step 4: saved {sweep_dir / '0' / 'checkpoints' / 'last.ckpt'}" in output
+
+    code, output = finish(start(sweep, tmp_path))
+    assert code == 0, output[-3000:]
+    assert "Resuming from" in output
+    assert [row.split(",")[2] for row in (sweep_dir / "summary.csv").read_text().split()[1:]] == [
+        "COMPLETED",
+        "COMPLETED",
+    ]
+
+
 def test_checkpoint_writes_are_atomic_and_keep_the_previous_one(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     atomic_torch_save({"global_step": 1}, path)
