@@ -50,7 +50,7 @@ def test_generated_project_passes_its_own_checks(bake: Bake, mypy_cache: Path, c
     check(run([python, "-m", "ruff", "format", "--check", "."], project), "ruff format")
     check(run([python, "-m", "mypy"], project, MYPY_CACHE_DIR=str(mypy_cache)), "mypy")
     # Two processes (this machine's cores); a test file stays on one, sharing its fixtures.
-    parallel = ["-n", "2", "--dist", "loadfile"]
+    parallel = ["-p", "xdist", "-n", "2", "--dist", "loadfile"]
     tests = run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *parallel], project
     )
