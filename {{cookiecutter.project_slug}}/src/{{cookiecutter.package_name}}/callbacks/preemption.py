@@ -49,8 +49,9 @@ def requeue_slurm_job() -> bool:
 
 
 class Preemption(Callback):
-    """SIGTERM, SIGUSR1 and SIGUSR2 only set a flag. At the next step boundary every rank agrees on
-    it and saves a checkpoint together; then, for SIGUSR1/SIGUSR2 under SLURM (the warning
+    """SIGTERM, SIGUSR1 and SIGUSR2 only set a flag. At the next step boundary (with several
+    processes, the next one of every `sync_every_n_steps`) every rank agrees on it and saves a
+    checkpoint together; then, for SIGUSR1/SIGUSR2 under SLURM (the warning
     `sbatch --signal` and submitit send before the time limit), the job is requeued, and the run
     stops by raising `Preempted`, which the command turns into exit code 143. A checkpoint taken
     inside a signal handler (Lightning's and submitit's way) would capture half a step."""
@@ -61,8 +62,10 @@ class Preemption(Callback):
         filename: str = "last.ckpt",
         signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2"),
         requeue: bool = True,
+        sync_every_n_steps: int = 10,
     ) -> None:
         self.path = Path(dirpath) / filename
+        self.sync_every_n_steps = max(1, sync_every_n_steps)
         self.signals = [signal.Signals[name] for name in signals]
         self.requeue = requeue
         self.received: signal.Signals | None = None
@@ -85,6 +88,9 @@ class Preemption(Callback):
     ) -> None:
         stop = self.received is not None
         if trainer.world_size > 1:
+            # Ranks agree through a collective and a host read: not at every step.
+            if trainer.global_step % self.sync_every_n_steps:
+                return
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if not stop:
             return
