@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from .cruft_update import UpdatedProject, bake_older_then_update
 from .helpers import TEMPLATE
 
 Bake = Callable[..., Any]
@@ -25,3 +26,19 @@ def bake(cookies: Any) -> Bake:
 def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One mypy cache for every baked project: torch's stubs are analysed once, not per bake."""
     return tmp_path_factory.mktemp("mypy-cache")
+
+
+CRUFT_ANSWERS = {
+    "examples": "vision",
+    "logger": "tensorboard",
+    "python_version": "3.10",
+    "license": "none",
+}
+
+
+@pytest.fixture(scope="session")
+def cruft_updated(tmp_path_factory: pytest.TempPathFactory) -> UpdatedProject:
+    """A project baked by cruft from an older template commit, edited by its user, then updated to
+    the current template (`tests/cruft_update.py`); shared by the update's own tests and the
+    lint, type check and test run of the result."""
+    return bake_older_then_update(tmp_path_factory.mktemp("cruft"), **CRUFT_ANSWERS)

@@ -118,6 +118,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/data/base.py",
         f"{src}/models/__init__.py",
         f"{src}/models/optim.py",
+        f"{src}/models/step_logging.py",
         f"{src}/models/nets/__init__.py",
         f"{configs}/__init__.py",
         f"{configs}/train.yaml",

@@ -1,28 +1,23 @@
 """Baked projects pass their own lint, type check and tests, installed into this venv with
---no-deps and run in subprocesses with the outer pytest's environment removed."""
+--no-deps and run in subprocesses with the outer pytest's environment removed. One of them is not
+a fresh bake: it was baked from an older template commit, edited and then `cruft update`d."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import Bake
+from .conftest import CRUFT_ANSWERS, Bake
 from .helpers import run
 
+UPDATED_BY_CRUFT = "vision-tensorboard-py310-cruft-updated"
 COMBINATIONS = {
     "defaults": ({}, "not gpu"),
-    "vision-tensorboard-py310": (
-        {
-            "examples": "vision",
-            "logger": "tensorboard",
-            "python_version": "3.10",
-            "license": "none",
-        },
-        "not slow and not gpu",
-    ),
+    UPDATED_BY_CRUFT: (CRUFT_ANSWERS, "not slow and not gpu"),
     "language-csv-py313": (
         {"examples": "language", "logger": "csv", "python_version": "3.13", "dockerfile": "no"},
         "not slow and not gpu",
@@ -37,11 +32,17 @@ def check(result: subprocess.CompletedProcess[str], what: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(COMBINATIONS))
-def test_generated_project_passes_its_own_checks(bake: Bake, mypy_cache: Path, case: str) -> None:
+def test_generated_project_passes_its_own_checks(
+    bake: Bake, mypy_cache: Path, tmp_path: Path, request: pytest.FixtureRequest, case: str
+) -> None:
     answers, markers = COMBINATIONS[case]
-    result = bake(**answers)
-    assert result.exit_code == 0, result.exception
-    project = Path(result.project_path)
+    if case == UPDATED_BY_CRUFT:
+        project = tmp_path / "updated"
+        shutil.copytree(request.getfixturevalue("cruft_updated").project, project, symlinks=True)
+    else:
+        result = bake(**answers)
+        assert result.exit_code == 0, result.exception
+        project = Path(result.project_path)
     python = sys.executable
 
     pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]

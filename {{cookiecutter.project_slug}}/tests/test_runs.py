@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import math
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,24 @@ def test_debug_preset_trains(train_config: ComposeFn, preset: str) -> None:
     if preset == "profiler":
         traces = list((Path(cfg.paths.output_dir) / "profiler").glob("*.json"))
         assert traces, "the profiler must write a trace"
+
+
+def test_training_loss_reaches_the_logger_every_log_every_n_steps(train_config: ComposeFn) -> None:
+    """The training step calls `self.log` only on the steps Lightning writes out; none is lost."""
+    cfg = train_config(
+        "trainer.max_epochs=2",
+        "trainer.max_steps=-1",
+        "trainer.limit_train_batches=10",
+        "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=7",
+        "test=false",
+    )
+    metrics = train(cfg)
+    with (Path(cfg.paths.output_dir) / "csv" / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    logged_at = [int(row["step"]) for row in rows if row.get("train/loss")]
+    assert logged_at == [6, 13], "steps 7 and 14 of 20, counted from 0"
+    assert math.isfinite(metrics["train/loss"])
 
 
 def test_help_does_not_import_torch(tmp_path: Path) -> None:

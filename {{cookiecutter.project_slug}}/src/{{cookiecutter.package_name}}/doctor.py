@@ -98,7 +98,7 @@ def nccl() -> tuple[bool, str]:
 
 def wandb_login() -> str:
     """Where the wandb key comes from, never the key itself."""
-    from .loggers import wandb_login_present
+    from .runtime import wandb_login_present
 
     if os.environ.get("WANDB_API_KEY"):
         state = "logged in (key from WANDB_API_KEY)"

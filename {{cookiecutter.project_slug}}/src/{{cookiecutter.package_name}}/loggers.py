@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import logging
 {%- if cookiecutter.logger == "wandb" %}
-import netrc
 import os
 import secrets
 import urllib.error
@@ -13,9 +12,6 @@ import urllib.request
 from pathlib import Path
 {%- endif %}
 from typing import Any
-{%- if cookiecutter.logger == "wandb" %}
-from urllib.parse import urlparse
-{%- endif %}
 
 from hydra.utils import instantiate
 from lightning.fabric.loggers.logger import rank_zero_experiment
@@ -23,6 +19,8 @@ from lightning.pytorch import loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 {%- if cookiecutter.logger == "wandb" %}
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .runtime import wandb_login_present
 {%- else %}
 from omegaconf import DictConfig
 {%- endif %}
@@ -80,17 +78,6 @@ def instantiate_callbacks(group: DictConfig | None, have_logger: bool) -> list[A
         log.info("No logger configured: %s is off.", type(callback).__name__)
     return [c for c in callbacks if c not in dropped]
 {%- if cookiecutter.logger == "wandb" %}
-
-
-def wandb_login_present() -> bool:
-    """True when wandb has an API key: the environment, or a `wandb login` entry in ~/.netrc."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
 
 
 def prepare_wandb(node: DictConfig) -> None:

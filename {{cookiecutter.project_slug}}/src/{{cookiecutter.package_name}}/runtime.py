@@ -1,8 +1,14 @@
-"""Settings that depend on the machine: accelerator, precision and matmul precision."""
+"""Settings that depend on the machine: accelerator, precision and matmul precision{% if cookiecutter.logger == "wandb" %}, and
+whether wandb has a login (without importing Lightning or wandb, so the doctor answers quickly){% endif %}."""
 
 from __future__ import annotations
 
 import logging
+{%- if cookiecutter.logger == "wandb" %}
+import netrc
+import os
+from urllib.parse import urlparse
+{%- endif %}
 
 import torch
 
@@ -73,3 +79,16 @@ def configure_matmul_precision(setting: str | None) -> None:
     """TF32 tensor cores for float32 matmuls (`high`) unless the config says otherwise."""
     if setting:
         torch.set_float32_matmul_precision(setting)
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def wandb_login_present() -> bool:
+    """True when wandb has an API key: the environment, or a `wandb login` entry in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+{%- endif %}

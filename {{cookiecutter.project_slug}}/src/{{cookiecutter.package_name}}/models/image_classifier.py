@@ -13,6 +13,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
+from .step_logging import is_logging_step
 
 
 class ImageClassifier(L.LightningModule):
@@ -67,7 +68,8 @@ class ImageClassifier(L.LightningModule):
         loss = F.cross_entropy(logits, labels)
         self.train_acc.update(logits, labels)
         # Not on the progress bar: Lightning reads progress-bar values to the host every step.
-        self.log("train/loss", loss)
+        if is_logging_step(self):
+            self.log("train/loss", loss)
         return loss
 
     def on_train_epoch_end(self) -> None:

@@ -14,6 +14,7 @@ from torchmetrics import MeanMetric
 
 from .nets.gpt import GPT
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
+from .step_logging import is_logging_step
 
 
 class LanguageModel(L.LightningModule):
@@ -63,7 +64,8 @@ class LanguageModel(L.LightningModule):
     ) -> torch.Tensor:
         loss = self._loss(batch)
         # Not on the progress bar: Lightning reads progress-bar values to the host every step.
-        self.log("train/loss", loss)
+        if is_logging_step(self):
+            self.log("train/loss", loss)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
