@@ -1,5 +1,5 @@
 """Bake an answer matrix; each bake has the exact file set, no template syntax left, files that
-parse, and nothing of an option that was not chosen."""
+parse, nothing of an option that was not chosen, and code that passes its own ruff settings."""
 
 from __future__ import annotations
 
@@ -80,6 +80,9 @@ def test_bake(bake: Bake, case: str) -> None:
     assert f"{package}-train" in metadata["scripts"]
 
     assert_unchosen_options_absent(project, answers, parsed)
+    for lint in (["check", "--no-cache", "."], ["format", "--no-cache", "--check", "."]):
+        linted = run([sys.executable, "-m", "ruff", *lint], project, timeout=120)
+        assert linted.returncode == 0, f"ruff {lint[0]}:\n{linted.stdout}{linted.stderr}"
 
 
 def assert_unchosen_options_absent(project: Path, answers: dict[str, str], parsed: dict) -> None:

@@ -13,7 +13,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from {{ cookiecutter.package_name }}.checkpoints import newest_valid_checkpoint
+from {{ cookiecutter.package_name }}.checkpoints import (
+    newest_valid_checkpoint,
+)
 from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.errors import TrainingError
 from {{ cookiecutter.package_name }}.evaluate import evaluate

@@ -250,7 +250,10 @@ def test_random_states_survive_a_checkpoint_and_load_lazily(tmp_path: Path) -> N
     """Lightning's lazy loader (FSDP) reads every tensor a checkpoint holds."""
     from lightning.fabric.utilities.load import _lazy_load, _materialize_tensors
 
-    from {{ cookiecutter.package_name }}.callbacks.exact_resume import random_states, set_random_states
+    from {{ cookiecutter.package_name }}.callbacks.exact_resume import (
+        random_states,
+        set_random_states,
+    )
 
     path = tmp_path / "states.ckpt"
     torch.save({"random_states": random_states()}, path)
@@ -319,7 +322,9 @@ def test_leftover_temporary_file_of_a_killed_save_is_ignored_and_removed(tmp_pat
 
 
 def test_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path) -> None:
-    from {{ cookiecutter.package_name }}.checkpoints import AtomicCheckpointIO
+    from {{ cookiecutter.package_name }}.checkpoints import (
+        AtomicCheckpointIO,
+    )
 
     path = tmp_path / "last.ckpt"
     finite, broken = {"w": torch.ones(2)}, {"w": torch.tensor([1.0, torch.nan])}

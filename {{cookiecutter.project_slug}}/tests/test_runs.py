@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.callbacks.throughput import peak_tflops
+from {{ cookiecutter.package_name }}.callbacks.throughput import (
+    peak_tflops,
+)
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime import (
     resolve_accelerator,

@@ -367,7 +367,8 @@ def command_line() -> str:
         overrides = HydraConfig.get().overrides.task
     except ValueError:
         overrides = []
-    return " ".join(["{{ cookiecutter.package_name }}-bench", *overrides])
+    program = "{{ cookiecutter.package_name }}-bench"
+    return " ".join([program, *overrides])
 
 
 def bench(cfg: DictConfig) -> dict[str, Any]:
