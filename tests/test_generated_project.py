@@ -50,6 +50,16 @@ def test_generated_project_passes_its_own_checks(
     check(run([python, "-m", "ruff", "check", "."], project), "ruff check")
     check(run([python, "-m", "ruff", "format", "--check", "."], project), "ruff format")
     check(run([python, "-m", "mypy"], project, MYPY_CACHE_DIR=str(mypy_cache)), "mypy")
+    if not (project / ".git").exists():
+        check(run(["git", "init", "--quiet"], project), "git init")
+    check(run(["git", "add", "--all"], project), "git add")
+    hooks = run(
+        [python, "-m", "pre_commit", "run", "--all-files"],
+        project,
+        MYPY_CACHE_DIR=str(mypy_cache),
+        PRE_COMMIT_HOME=str(tmp_path / "pre-commit"),
+    )
+    check(hooks, "pre-commit (the same ruff and mypy, offline)")
     # Two processes (this machine's cores); a test file stays on one, sharing its fixtures.
     parallel = ["-p", "xdist", "-n", "2", "--dist", "loadfile"]
     tests = run(

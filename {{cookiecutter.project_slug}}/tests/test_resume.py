@@ -88,6 +88,22 @@ def test_finished_run_is_not_trained_again(train_config: ComposeFn) -> None:
     assert last.stat().st_mtime_ns == written
 
 
+def test_step_checkpoints_can_follow_the_clock(train_config: ComposeFn) -> None:
+    """The time-based interval that `step_checkpoint.yaml` documents composes, passes the target
+    allowlist and saves: at one microsecond every step saves, and the two newest stay."""
+    cfg = train_config(
+        *SHORT_RUN,
+        "test=false",
+        "callbacks.step_checkpoint.every_n_train_steps=null",
+        "+callbacks.step_checkpoint.train_time_interval={_target_:datetime.timedelta,microseconds:1}",
+    )
+    train(cfg)
+    folder = Path(cfg.paths.output_dir) / "checkpoints"
+    last = torch.load(folder / "last.ckpt", weights_only=True)["global_step"]
+    kept = sorted(path.name for path in folder.glob("step*.ckpt"))
+    assert kept == [f"step{step:07d}.ckpt" for step in (last - 1, last)]
+
+
 def start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """The train command in its own process group (a SIGKILL from inside kills only the run)."""
     cwd.mkdir(parents=True, exist_ok=True)
@@ -224,6 +240,31 @@ def test_sigterm_saves_at_the_next_step_boundary_and_exits_143(
     code, output = finish(start([*EXACT_RUN, *term], tmp_path / "stopped"))
     assert code == 0, output[-3000:]
     assert_same_training(reference_run([]), tmp_path / "stopped")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_ddp_rank_stops_both_at_the_next_agreement_step(tmp_path: Path) -> None:
+    """Under DDP the ranks agree on a signal every `sync_every_n_steps` (10) steps, not every step:
+    SIGTERM to rank 0 after step 5 makes both ranks save at step 10 and exit 143, and the same
+    command then finishes the run."""
+    ddp = ["strategy=ddp", "trainer.devices=2"]
+    term = [
+        "+callbacks.term._target_=tests.faults.SignalAt", "+callbacks.term.step=5",
+        "+callbacks.term.signal_name=SIGTERM", f"+callbacks.term.marker={tmp_path / 'marker'}",
+    ]  # fmt: skip
+    code, output = finish(start([*EXACT_RUN, *ddp, *term], tmp_path / "stopped"))
+    assert code == 143, output[-3000:]
+    assert "Received SIGTERM: saving" in output, "rank 0 got the signal"
+    assert "Received a signal on another rank: saving" in output, "rank 1 learned of it"
+    assert "SIGTERM at step 10" in output
+    (run_dir,) = (tmp_path / "stopped" / "logs" / "train" / "runs").iterdir()
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    trained = batches_by_step(tmp_path / "stopped")
+    assert [sorted(trained[rank]) for rank in (".rank0", ".rank1")] == [list(range(10))] * 2
+
+    code, output = finish(start([*EXACT_RUN, *ddp, *term], tmp_path / "stopped"))
+    assert code == 0, output[-3000:]
+    assert "Resuming from" in output and (run_dir / "metrics.json").is_file()
 
 
 @pytest.mark.slow
