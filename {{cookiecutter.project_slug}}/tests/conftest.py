@@ -8,6 +8,7 @@ import torch
 from omegaconf import DictConfig
 
 from .helpers import ComposeFn, compose_config
+from .killing import References, run
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -39,3 +40,20 @@ def eval_config(tmp_path: Path) -> ComposeFn:
         return compose_config("eval", [*defaults, *overrides], tmp_path / "eval")
 
     return make
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> References:
+    """The uninterrupted run of a train command (tests/killing.py), trained once per module."""
+    runs: dict[str, Path] = {}
+
+    def reference(args: list[str]) -> Path:
+        key = " ".join(args)
+        if key not in runs:
+            cwd = tmp_path_factory.mktemp("reference")
+            code, output = run(args, cwd)
+            assert code == 0, output[-3000:]
+            runs[key] = cwd
+        return runs[key]
+
+    return reference

@@ -1,9 +1,10 @@
 """Callbacks that tests add to real runs (`+callbacks.<name>._target_=tests.faults.<Class>`, with
-`allowed_targets=[tests]`) to record what a run saw and to inject failures."""
+the class listed in `allowed_targets`) to record what a run saw and to inject failures."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 from pathlib import Path
@@ -12,6 +13,117 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+
+# Where a run can be killed, each reached through the hook that the phase itself calls.
+PHASES = (
+    "sanity_check",  # a batch of the sanity check
+    "train_step",  # the end of training step `at`, before that step's checkpoint
+    "validation",  # a batch of the `at`-th validation inside fit
+    "checkpoint_write",  # half-way through writing the `at`-th checkpoint file
+    "epoch_end",  # the end of the `at`-th training epoch, before its checkpoints
+    "early_stop",  # right after early stopping decided to stop, before its checkpoints
+    "fit_end",  # fit's last hook, before the recipe saves the finished fit
+    "test",  # a batch of the test
+    "test_end",  # the test finished, metrics.json not yet written
+)
+
+
+def send(signal_name: str, whole_group: bool) -> None:
+    number = signal.Signals[signal_name]
+    if whole_group:
+        os.killpg(os.getpgid(0), number)
+    else:
+        os.kill(os.getpid(), number)
+
+
+class FaultAt(Callback):
+    """Sends a real signal the `at`-th time the run reaches `phase`, once: `marker` remembers that
+    it fired, so the resumed run goes on. SIGKILL always goes to the whole process group (a node
+    that dies: DDP ranks and DataLoader workers with it); other signals go to the main process
+    or, with `whole_group`, to the group (as `timeout`, SLURM and Kubernetes send them)."""
+
+    def __init__(
+        self, phase: str, marker: str, at: int = 1, signal_name: str = "SIGKILL",
+        whole_group: bool = False,
+    ) -> None:  # fmt: skip
+        if phase not in PHASES:
+            raise ValueError(f"phase={phase}: one of {', '.join(PHASES)}")
+        self.phase, self.marker, self.at = phase, Path(marker), at
+        self.signal_name = signal_name
+        self.whole_group = whole_group or signal_name == "SIGKILL"
+        self.seen: dict[str, int] = {}
+
+    def reached(self, trainer: L.Trainer, phase: str, count: int | None = None) -> None:
+        if phase != self.phase or self.marker.exists() or not trainer.is_global_zero:
+            return
+        self.seen[phase] = self.seen.get(phase, 0) + 1 if count is None else count
+        if self.seen[phase] == self.at:
+            self.marker.write_text(f"{phase} {self.at}")
+            send(self.signal_name, self.whole_group)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The two phases reached inside a checkpoint write: half-way through the `at`-th file,
+        and the first write after early stopping decided (Lightning calls early stopping and
+        the checkpoints after every other callback, so no other hook lies between them)."""
+        if self.phase not in ("checkpoint_write", "early_stop") or stage != "fit":
+            return
+        checkpoint_io = trainer.strategy.checkpoint_io
+        save = checkpoint_io.save_checkpoint
+        writes = [0]
+
+        def dies_mid_write(checkpoint: dict[str, Any], path: Any, *args: Any, **kw: Any) -> None:
+            writes[0] += 1
+            if self.marker.exists():
+                return save(checkpoint, path, *args, **kw)
+            if self.phase == "early_stop" and trainer.should_stop:
+                self.marker.write_text("early_stop")
+                send(self.signal_name, self.whole_group)
+            if self.phase == "checkpoint_write" and writes[0] == self.at:
+                self.marker.write_text(f"checkpoint_write {self.at}")
+                if self.signal_name != "SIGKILL":
+                    send(self.signal_name, self.whole_group)
+                    return save(checkpoint, path, *args, **kw)
+                buffer = io.BytesIO()
+                torch.save(checkpoint, buffer)
+                path = Path(path)
+                partial = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_bytes(buffer.getvalue()[: buffer.tell() // 2])
+                send("SIGKILL", True)
+            return save(checkpoint, path, *args, **kw)
+
+        checkpoint_io.save_checkpoint = dies_mid_write  # type: ignore[method-assign]
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.seen["validations"] = self.seen.get("validations", 0) + 1
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if trainer.sanity_checking:
+            self.reached(trainer, "sanity_check")
+        else:
+            self.reached(trainer, "validation", self.seen.get("validations", 0))
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        self.reached(trainer, "train_step", trainer.global_step)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.reached(trainer, "epoch_end")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.reached(trainer, "fit_end")
+
+    def on_test_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        self.reached(trainer, "test")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.reached(trainer, "test_end")
 
 
 class RecordBatches(Callback):
@@ -26,34 +138,6 @@ class RecordBatches(Callback):
         digest = hashlib.sha1(batch[0].detach().cpu().numpy().tobytes()).hexdigest()[:12]
         with self.path.with_name(f"{self.path.name}.rank{trainer.global_rank}").open("a") as f:
             f.write(f"{trainer.global_step} {digest}\n")
-
-
-class SignalAt(Callback):
-    """Sends a real signal at the end of training step `step` (before that step's checkpoint),
-    once: `marker` remembers that it fired, so the resumed run goes on. SIGKILL goes to the whole
-    process group, like a node that dies."""
-
-    def __init__(self, step: int, marker: str, signal_name: str = "SIGKILL") -> None:
-        self.step, self.marker, self.signal_name = step, Path(marker), signal_name
-
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        if trainer.global_step != self.step or self.marker.exists():
-            return
-        trainer.strategy.barrier()
-        if not trainer.is_global_zero:
-            return
-        self.marker.write_text(str(self.step))
-        number = signal.Signals[self.signal_name]
-        if number == signal.SIGKILL:
-            os.killpg(os.getpgid(0), number)
-        os.kill(os.getpid(), number)
 
 
 class NanGradientAt(Callback):

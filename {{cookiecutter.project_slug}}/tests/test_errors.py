@@ -183,7 +183,7 @@ def test_eval_without_a_checkpoint_says_which_key_is_missing(tmp_path: Path) -> 
 
 
 NAN_AT_STEP_5 = [
-    "allowed_targets=[tests]",
+    "allowed_targets=[tests.faults.NanGradientAt]",
     "+callbacks.nan._target_=tests.faults.NanGradientAt",
     "+callbacks.nan.steps=[5]",
 ]

@@ -13,8 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoints import read_checkpoint
 from .errors import ConfigError
 from .loggers import instantiate_callbacks, instantiate_loggers
+from .recipe_steps import (
+    build_trainer,
+    config_errors,
+    exit_143_on_stop_signals,
+    scalars,
+    write_metrics,
+)
 from .targets import check_targets
-from .train import build_trainer, config_errors, scalars, write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +53,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     log.info("Testing %s", ckpt_path)
     # Lightning asks for the training callbacks, to restore their state; testing needs none of it.
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
-    trainer.test(model, datamodule=datamodule, ckpt_path=str(ckpt_path), weights_only=not trust)
+    with exit_143_on_stop_signals():
+        trainer.test(model, datamodule, ckpt_path=str(ckpt_path), weights_only=not trust)
     metrics = scalars(trainer.callback_metrics)
     write_metrics(metrics, cfg.paths.output_dir)
     return metrics

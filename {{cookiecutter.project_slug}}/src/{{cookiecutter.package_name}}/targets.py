@@ -1,17 +1,33 @@
-"""Which classes and functions a config may name in `_target_`. Hydra imports whatever a config
-names, and a checkpoint's stored config is a config too, so every `_target_` is checked against an
-allowlist before anything is imported."""
+"""Which classes and functions a config may name in `_target_`. Hydra imports and calls whatever a
+config names, and a checkpoint's stored config is a config too, so every `_target_`, at any depth,
+is checked before anything is imported: it must be a name that the project's own config files use
+(or name in a comment, as an option), or one that the user lists in `allowed_targets`, exactly.
+No prefix admits a whole module: `torch` alone holds functions that compile and run source code."""
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
 
-ALWAYS_ALLOWED = (__package__ or "", "torch", "lightning", "torchmetrics", "datetime.timedelta")
+CONFIG_DIR = Path(__file__).parent / "configs"
+NAMED_TARGET = re.compile(r"_target_\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_.]*)")
+
+
+@functools.cache
+def shipped_targets(config_dir: Path = CONFIG_DIR) -> frozenset[str]:
+    """Every `_target_` written in the config files, values and comments alike."""
+    return frozenset(
+        name
+        for path in sorted(config_dir.rglob("*.yaml"))
+        for name in NAMED_TARGET.findall(path.read_text(encoding="utf-8"))
+    )
 
 
 def named_targets(node: Any, where: str = "") -> Iterable[tuple[str, str]]:
@@ -30,16 +46,12 @@ def named_targets(node: Any, where: str = "") -> Iterable[tuple[str, str]]:
             yield from named_targets(value, f"{where}[{index}]")
 
 
-def is_allowed(target: str, allowed: Iterable[str]) -> bool:
-    return any(target == prefix or target.startswith(prefix + ".") for prefix in allowed)
-
-
 def check_targets(node: Any, extra_allowed: Iterable[str] = (), source: str = "the config") -> None:
-    allowed = [*ALWAYS_ALLOWED, *extra_allowed]
+    allowed = shipped_targets() | {str(name) for name in extra_allowed}
     for key, target in named_targets(node):
-        if not is_allowed(target, allowed):
+        if target not in allowed:
             raise ConfigError(
-                f"{key}={target} in {source} is not allowed: `_target_` may name only "
-                f"{', '.join(allowed)}. If you trust that code, add its module to the list: "
-                f"'allowed_targets=[{target.rsplit('.', 1)[0]}]'."
+                f"{key}={target} in {source} is not allowed: `_target_` may name only what the "
+                "project's configs name, and the exact names listed in allowed_targets. If you "
+                f"trust that code, add it: 'allowed_targets=[{target}]'."
             )

@@ -4,85 +4,33 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.errors import InstantiationException
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
+from . import stop_signals
 from .callbacks import ExactResume, RunConfigInCheckpoint
-from .callbacks.preemption import STOPPED_BY_SIGNAL_EXIT_CODE, Preempted
-from .checkpoints import (
-    AtomicCheckpointIO,
-    check_same_model,
-    newest_valid_checkpoint,
-    read_checkpoint,
-)
-from .errors import ConfigError, TrainingError
+from .callbacks.exact_resume import fit_state
+from .callbacks.preemption import stop
+from .checkpoints import check_same_model, newest_valid_checkpoint, read_checkpoint
 from .loggers import instantiate_callbacks, instantiate_loggers
-from .runtime import (
-    configure_matmul_precision,
-    resolve_accelerator,
-    resolve_precision,
-    use_hydra_logging_only,
+from .recipe_steps import (
+    build_trainer,
+    config_errors,
+    exit_143_on_stop_signals,
+    scalars,
+    write_json,
+    write_metrics,
 )
 from .targets import check_targets
 
 log = logging.getLogger(__name__)
-
-
-def scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    return {name: float(value) for name, value in metrics.items()}
-
-
-@contextmanager
-def config_errors() -> Iterator[None]:
-    """Hydra's error for a class that cannot be found or built, as one line naming the key; our
-    own errors raised while building pass through as they are."""
-    try:
-        yield
-    except InstantiationException as error:
-        if isinstance(error.__cause__, (ConfigError, TrainingError)):
-            raise error.__cause__ from None
-        message = str(error).replace(
-            ", set env var HYDRA_FULL_ERROR=1 to see chained exception", ""
-        )
-        what, _, key = message.partition("\nfull_key: ")
-        what = " ".join(what.split())
-        raise ConfigError(
-            f"{key or 'config'}: {what} Check that key's values and `_target_`."
-        ) from error
-
-
-def trainer_plugins() -> list[Any]:
-    """Atomic checkpoint writes; under SLURM, Lightning's own requeue handler off (it saves in the
-    middle of a step): callbacks.preemption saves and requeues at a step boundary instead."""
-    plugins: list[Any] = [AtomicCheckpointIO()]
-    if SLURMEnvironment.detect():
-        plugins.append(SLURMEnvironment(auto_requeue=False))
-    return plugins
-
-
-def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
-    accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
-    precision = resolve_precision(str(cfg.trainer.precision), accelerator)
-    configure_matmul_precision(cfg.get("matmul_precision"))
-    use_hydra_logging_only()
-    log.info("Accelerator %s, precision %s", accelerator, precision)
-    return instantiate(
-        cfg.trainer,
-        accelerator=accelerator,
-        precision=precision,
-        callbacks=callbacks,
-        logger=loggers or False,
-        plugins=trainer_plugins(),
-    )
 
 
 def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
@@ -108,34 +56,31 @@ def run_config(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def write_json(metrics: dict[str, float], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+@dataclass
+class Start:
+    """The checkpoint a run starts from; `resumed` when it is this run directory's own."""
+
+    path: str | None = None
+    weights_only: bool = True
+    resumed: bool = False
 
 
-def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
-    write_json(metrics, Path(output_dir) / "metrics.json")
-    summary = "  ".join(f"{name}={value:.4f}" for name, value in sorted(metrics.items()))
-    log.info("Metrics: %s", summary)
-    log.info("Outputs in %s", output_dir)
-
-
-def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> tuple[str | None, bool]:
-    """The newest valid checkpoint of this run directory, else `ckpt_path`, else none; and
-    whether it loads with weights_only=True (only a trusted external checkpoint may not)."""
+def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
+    """The newest valid checkpoint of this run directory, else `ckpt_path`, else none; only a
+    trusted external checkpoint may load without weights_only=True."""
     ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
     newest = newest_valid_checkpoint(ckpt_dir) if cfg.get("resume") else None
     if newest:
         log.info("Resuming from %s", newest)
-        return str(newest), True
+        return Start(str(newest), True, True)
     if cfg.get("ckpt_path"):
         path = Path(str(cfg.ckpt_path)).expanduser()
         checkpoint = read_checkpoint(path, trust=bool(cfg.get("trust_checkpoint")))
         check_same_model(checkpoint, model, path)
         log.info("Starting from ckpt_path=%s", path)
-        return str(path), not cfg.get("trust_checkpoint")
+        return Start(str(path), not cfg.get("trust_checkpoint"))
     log.info("Starting fresh: no checkpoint in %s", ckpt_dir)
-    return None, True
+    return Start()
 
 
 def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
@@ -150,38 +95,68 @@ def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
     return {name: float(value) for name, value in json.loads(path.read_text()).items()}
 
 
+def best_checkpoint(trainer: L.Trainer) -> str:
+    checkpointing = trainer.checkpoint_callback
+    return checkpointing.best_model_path if isinstance(checkpointing, ModelCheckpoint) else ""
+
+
+def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig) -> str | None:
+    """`last.ckpt` as `fit` left the run, marked finished with its best checkpoint, so that a run
+    stopped from here on only tests again. (Saves nothing under fast_dev_run, as Lightning.)"""
+    if trainer.fast_dev_run:  # type: ignore[attr-defined]  # set by Lightning, not declared
+        return None
+    path = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    progress.fit_finished, progress.best_model_path = True, best_checkpoint(trainer)
+    trainer.save_checkpoint(path)
+    return str(path)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     done = finished_metrics(cfg)
     if done is not None:
         return done
     check_targets(cfg, cfg.get("allowed_targets") or ())
+    with exit_143_on_stop_signals():
+        return fit_and_test(cfg)
+
+
+def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
+    progress = ExactResume()
     with config_errors():
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
         loggers = instantiate_loggers(cfg.get("logger"))
         callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-        callbacks += [RunConfigInCheckpoint(run_config(cfg)), ExactResume()]
+        callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
         trainer = build_trainer(cfg, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]
 
-    ckpt_path, weights_only = starting_checkpoint(cfg, model)
-    try:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
-    except Preempted as stop:
-        log.warning("Stopped: %s", stop)
-        raise SystemExit(STOPPED_BY_SIGNAL_EXIT_CODE) from None
-    metrics = scalars(trainer.callback_metrics)
+    start = starting_checkpoint(cfg, model)
+    finished = (
+        fit_state(torch.load(start.path, weights_only=True, mmap=True))
+        if start.resumed and start.path
+        else {}
+    )
+    if finished.get("fit_finished"):
+        log.info("Training had finished (%s): testing only.", start.path)
+        metrics, best, saved = dict(finished["metrics"]), finished["best_model_path"], start.path
+    else:
+        progress.restores_progress = start.resumed
+        trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
+        metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
+        saved = save_finished_fit(trainer, progress, cfg)
+    if stop_signals.received():
+        raise stop(trainer, "after training", Path(saved) if saved else None)
 
     if cfg.get("test"):
-        checkpointing = trainer.checkpoint_callback
-        best = checkpointing.best_model_path if isinstance(checkpointing, ModelCheckpoint) else ""
-        log.info("Testing %s", best or "the weights in memory (no checkpoint was saved)")
-        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+        tested = best or saved
+        log.info("Testing %s", tested or "the weights in memory (no checkpoint was saved)")
+        trainer.test(model, datamodule=datamodule, ckpt_path=tested or None, weights_only=True)
         metrics.update(scalars(trainer.callback_metrics))
 
     metrics.update(getattr(datamodule, "baseline", {}))

@@ -4,6 +4,7 @@ from .exact_resume import ExactResume
 from .non_finite import NonFiniteGuard
 from .preemption import Preempted, Preemption
 from .run_config import RunConfigInCheckpoint
+from .step_checkpoint import StepCheckpoint
 from .throughput import Throughput
 
 __all__ = [
@@ -12,5 +13,6 @@ __all__ = [
     "Preempted",
     "Preemption",
     "RunConfigInCheckpoint",
+    "StepCheckpoint",
     "Throughput",
 ]

@@ -2,29 +2,31 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Checkpoint
+
+from .. import stop_signals
+from .exact_resume import validation_follows
 
 log = logging.getLogger(__name__)
 
-STOPPED_BY_SIGNAL_EXIT_CODE = 143
 REQUEUE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 
 
 class Preempted(Exception):
-    """Training stopped on a signal after saving a checkpoint; the same command resumes it."""
+    """The run stopped on a signal, after saving what it had trained; the same command resumes
+    it. The command turns this into exit code 143."""
 
-    def __init__(self, signal_name: str, step: int, checkpoint: Path, requeued: bool) -> None:
-        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+    def __init__(self, signal_name: str, where: str, saved: Path | None, requeued: bool) -> None:
+        self.signal_name, self.where, self.saved = signal_name, where, saved
         self.requeued = requeued
+        kept = f"saved {saved}" if saved else "nothing new to save"
         then = "requeued the job" if requeued else "run the same command to resume"
-        super().__init__(f"{signal_name} at step {step}: saved {checkpoint}; {then}.")
+        super().__init__(f"{signal_name} {where}: {kept}; {then}.")
 
 
 def slurm_job_id() -> str | None:
@@ -48,35 +50,64 @@ def requeue_slurm_job() -> bool:
     return True
 
 
-class Preemption(Callback):
-    """SIGTERM, SIGUSR1 and SIGUSR2 only set a flag. At the next step boundary (with several
-    processes, the next one of every `sync_every_n_steps`) every rank agrees on it and saves a
-    checkpoint together; then, for SIGUSR1/SIGUSR2 under SLURM (the warning
-    `sbatch --signal` and submitit send before the time limit), the job is requeued, and the run
-    stops by raising `Preempted`, which the command turns into exit code 143. A checkpoint taken
-    inside a signal handler (Lightning's and submitit's way) would capture half a step."""
+def stop(trainer: L.Trainer, where: str, saved: Path | None, requeue: bool = True) -> Preempted:
+    """The exception that ends the run; for SIGUSR1/SIGUSR2 under SLURM (the warning that
+    `sbatch --signal` and submitit send before the time limit) the job is requeued first."""
+    received = stop_signals.received()
+    name = received.name if received else "a signal on another rank"
+    requeued = (
+        requeue and name in REQUEUE_SIGNALS and trainer.is_global_zero and requeue_slurm_job()
+    )
+    return Preempted(name, where, saved, requeued)
+
+
+class Preemption(Checkpoint):
+    """Where a run stops on SIGTERM, SIGUSR1 or SIGUSR2 (which `stop_signals` only records).
+
+    - Training: at the next step boundary after which no validation is due, every rank saves a
+      checkpoint, and the run stops. With several processes the ranks agree on the signal every
+      `sync_every_n_steps` steps (a collective and a host sync), not at every step.
+    - Validation inside training: it finishes, and training stops at the step after it.
+    - Sanity check and test: at the next batch, with nothing to save (before training there is
+      none; during the test, training is already saved as finished).
+
+    A checkpoint taken inside the signal handler (Lightning's and submitit's way) would capture
+    half a step. As a `Checkpoint`, Lightning calls it after the other callbacks, so a step's own
+    checkpoints are written before it stops. Lightning's own SIGTERM handler, which ends `fit` with exit code 0, is replaced
+    at the start of each stage.
+    """
 
     def __init__(
         self,
         dirpath: str,
         filename: str = "last.ckpt",
-        signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2"),
         requeue: bool = True,
         sync_every_n_steps: int = 10,
     ) -> None:
         self.path = Path(dirpath) / filename
-        self.sync_every_n_steps = max(1, sync_every_n_steps)
-        self.signals = [signal.Signals[name] for name in signals]
         self.requeue = requeue
-        self.received: signal.Signals | None = None
-        self.previous_handlers: dict[signal.Signals, Any] = {}
+        self.sync_every_n_steps = max(1, sync_every_n_steps)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        stop_signals.reassert()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for number in self.signals:
-            self.previous_handlers[number] = signal.signal(number, self.handle)
+        stop_signals.reassert()
 
-    def handle(self, number: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(number)
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        stop_signals.reassert()
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if trainer.sanity_checking and stop_signals.received():
+            raise stop(trainer, "during the sanity check", None, self.requeue)
+
+    def on_test_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if stop_signals.received():
+            raise stop(trainer, "during the test", None, self.requeue)
 
     def on_train_batch_end(
         self,
@@ -86,35 +117,15 @@ class Preemption(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        stop = self.received is not None
+        signalled = stop_signals.received() is not None
         if trainer.world_size > 1:
-            # Ranks agree through a collective and a host read: not at every step.
             if trainer.global_step % self.sync_every_n_steps:
                 return
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop:
+            signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
+        if not signalled or validation_follows(trainer):
             return
-        name = self.received.name if self.received else "a signal on another rank"
+        received = stop_signals.received()
+        name = received.name if received else "a signal on another rank"
         log.warning("Received %s: saving %s at step %d.", name, self.path, trainer.global_step)
         trainer.save_checkpoint(self.path)
-        requeued = (
-            self.requeue
-            and name in REQUEUE_SIGNALS
-            and trainer.is_global_zero
-            and requeue_slurm_job()
-        )
-        self.restore_handlers()
-        raise Preempted(name, trainer.global_step, self.path, requeued)
-
-    def restore_handlers(self) -> None:
-        for number, handler in self.previous_handlers.items():
-            signal.signal(number, handler)
-        self.previous_handlers = {}
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.restore_handlers()
-
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        self.restore_handlers()
+        raise stop(trainer, f"at step {trainer.global_step}", self.path, self.requeue)

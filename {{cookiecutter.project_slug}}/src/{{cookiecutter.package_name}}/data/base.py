@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from ..errors import ConfigError
@@ -51,6 +53,16 @@ def shuffle_seed() -> int:
     """The run's seed, which `seed_everything` passes to every process (as Lightning's own
     DistributedSampler does), so all ranks cut the same shuffle into shards."""
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def init_worker(worker_id: int) -> None:
+    """A SIGTERM to the whole process group (`timeout`, SLURM, Kubernetes) must reach the run,
+    which stops at a step boundary, rather than kill the DataLoader workers under it first. Then
+    Lightning's seeding of the worker, which a worker_init_fn of our own would replace."""
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+    if os.environ.get("PL_SEED_WORKERS") == "1":
+        pl_worker_init_function(worker_id)
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -100,6 +112,7 @@ class SplitDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             prefetch_factor=4 if self.num_workers > 0 else None,
             generator=torch.Generator().manual_seed(shuffle_seed()),
+            worker_init_fn=init_worker if self.num_workers > 0 else None,
         )
 
     def train_dataloader(self) -> DataLoader[Any]:

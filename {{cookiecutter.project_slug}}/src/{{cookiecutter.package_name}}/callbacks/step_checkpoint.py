@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from .exact_resume import validation_follows
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint for `every_n_train_steps` / `train_time_interval`, except that
+    - a save due at a step that a validation follows is made one step later: Lightning resumes a
+      checkpoint taken there as if the validation had run (and early stopping then misses it);
+    - the checkpoint a run resumed from goes like any other once `save_top_k` newer ones exist
+      (Lightning keeps it for ever, so files piled up across repeated kills)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owed = False
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        every = self._every_n_train_steps
+        if validation_follows(trainer):
+            self.owed |= every >= 1 and trainer.global_step % every == 0
+            return
+        if self.owed and not self._should_skip_saving_checkpoint(trainer):
+            self.owed = False
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
+        inside = Path(self.dirpath or "").absolute() in Path(previous).absolute().parents
+        return previous != current and inside
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "owed": self.owed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.owed = bool(state_dict.get("owed", False))

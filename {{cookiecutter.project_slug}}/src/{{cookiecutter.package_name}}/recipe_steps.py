@@ -1,0 +1,110 @@
+"""Steps that the recipes (`train`, `evaluate`) share: building the trainer, one-line config
+errors, stopping on a signal with exit code 143, and writing the metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig
+
+from . import stop_signals
+from .callbacks.preemption import Preempted
+from .checkpoints import AtomicCheckpointIO
+from .errors import ConfigError, TrainingError
+from .runtime import (
+    configure_matmul_precision,
+    resolve_accelerator,
+    resolve_precision,
+    use_hydra_logging_only,
+)
+
+log = logging.getLogger(__name__)
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in metrics.items()}
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """Hydra's error for a class that cannot be found or built, as one line naming the key; our
+    own errors raised while building pass through as they are."""
+    try:
+        yield
+    except InstantiationException as error:
+        if isinstance(error.__cause__, (ConfigError, TrainingError)):
+            raise error.__cause__ from None
+        message = str(error).replace(
+            ", set env var HYDRA_FULL_ERROR=1 to see chained exception", ""
+        )
+        what, _, key = message.partition("\nfull_key: ")
+        what = " ".join(what.split())
+        raise ConfigError(
+            f"{key or 'config'}: {what} Check that key's values and `_target_`."
+        ) from error
+
+
+@contextmanager
+def exit_143_on_stop_signals() -> Iterator[None]:
+    """Watch SIGTERM/SIGUSR1/SIGUSR2 for the whole run; a run stopped by one exits with code 143
+    (never 0: a scheduler would record success), also where Lightning's own handler stopped it."""
+    with stop_signals.watch():
+        try:
+            yield
+        except Preempted as stopped:
+            log.warning("Stopped: %s", stopped)
+            raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
+        except SIGTERMException:
+            log.warning("Stopped by SIGTERM; run the same command to resume.")
+            raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
+
+
+def trainer_plugins() -> list[Any]:
+    """Atomic checkpoint writes; under SLURM, Lightning's own requeue handler off (it saves in the
+    middle of a step): callbacks.preemption saves and requeues at a step boundary instead."""
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return plugins
+
+
+def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
+    accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
+    precision = resolve_precision(str(cfg.trainer.precision), accelerator)
+    configure_matmul_precision(cfg.get("matmul_precision"))
+    use_hydra_logging_only()
+    log.info("Accelerator %s, precision %s", accelerator, precision)
+    return instantiate(
+        cfg.trainer,
+        accelerator=accelerator,
+        precision=precision,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=trainer_plugins(),
+    )
+
+
+def write_json(metrics: dict[str, float], path: Path) -> None:
+    """Atomically: a kill leaves the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    temporary.replace(path)
+
+
+def write_metrics(metrics: dict[str, float], output_dir: str) -> None:
+    write_json(metrics, Path(output_dir) / "metrics.json")
+    summary = "  ".join(f"{name}={value:.4f}" for name, value in sorted(metrics.items()))
+    log.info("Metrics: %s", summary)
+    log.info("Outputs in %s", output_dir)

@@ -1,0 +1,64 @@
+"""The signals that ask a run to stop (SIGTERM from `timeout`, SLURM or Kubernetes; SIGUSR1/SIGUSR2,
+SLURM's and submitit's warning before a time limit). A handler only records the first one; the
+run decides where it is safe to stop (`callbacks.Preemption`) and the recipe turns the stop into
+exit code 143. No torch here."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+STOPPED_BY_SIGNAL_EXIT_CODE = 143
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+
+_watched: tuple[signal.Signals, ...] = ()
+_received: signal.Signals | None = None
+
+
+def _record(number: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signal.Signals(number)
+
+
+def received() -> signal.Signals | None:
+    """The first stop signal since `watch` began, if any."""
+    return _received
+
+
+def reassert() -> None:
+    """Take the watched signals back from a handler installed since (Lightning installs its own
+    at the start of every `fit` and `test`, which ends the run with exit code 0)."""
+    for number in _watched:
+        signal.signal(number, _record)
+
+
+@contextmanager
+def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
+    """Record stop signals for the duration of a run, then put the previous handlers back."""
+    global _watched, _received
+    numbers = tuple(signal.Signals[name] for name in names)
+    previous: dict[signal.Signals, Any] = {n: signal.getsignal(n) for n in numbers}
+    _watched, _received = numbers, None
+    reassert()
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        _watched = ()
+        kill_daemon_children()
+
+
+def kill_daemon_children() -> None:
+    """DataLoader workers ignore the stop signals (`data.base.init_worker`), so that a signal to
+    the whole process group reaches the run first. Python's exit handler ends daemonic children
+    with SIGTERM and then waits for them, which would be for ever: they are killed here."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()

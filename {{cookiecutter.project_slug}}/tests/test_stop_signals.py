@@ -1,0 +1,146 @@
+"""SIGTERM, SIGUSR1 and SIGUSR2 in each phase, sent to the main process or to its whole process
+group (DataLoader workers and all), alone and inside a multirun: the run never exits 0 before it
+is finished, saves what it trained, exits 143, and the same command finishes it exactly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from .killing import (
+    SMALL_RUN,
+    References,
+    assert_same_outcome,
+    batches_by_step,
+    fault,
+    run,
+    run_dir,
+)
+
+WORKERS = ["data.num_workers=1"]
+
+# phase, occurrence, signal, to the whole group, what the run says, the step it saved (if any)
+STOP_CASES = {
+    "sanity check": ("sanity_check", 1, "SIGTERM", False, "during the sanity check: nothing new", None),
+    "training step, group, DataLoader worker": ("train_step", 2, "SIGTERM", True, "at step 2: saved", 2),
+    "a checkpoint write, group": ("checkpoint_write", 1, "SIGTERM", True, "at step 5: saved", 5),
+    "validation: it finishes, saves a step later": ("validation", 1, "SIGTERM", False, "at step 5: saved", 5),
+    "validation, SIGUSR1 to the group": ("validation", 1, "SIGUSR1", True, "at step 5: saved", 5),
+    "early stopping decided": ("early_stop", 1, "SIGTERM", False, "after training: saved", 8),
+    "end of fit": ("fit_end", 1, "SIGTERM", False, "after training: saved", 8),
+    "test, group, DataLoader worker": ("test", 1, "SIGTERM", True, "during the test: nothing new", 8),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(STOP_CASES))
+def test_signal_in_a_phase_exits_143_and_the_same_command_finishes_exactly(
+    tmp_path: Path, case: str, reference_run: References
+) -> None:
+    phase, at, signal_name, whole_group, says, saved_step = STOP_CASES[case]
+    stop = fault(phase, at, tmp_path / "fired", signal_name, whole_group)
+    command = [*SMALL_RUN, *WORKERS, *stop]
+    code, output = run(command, tmp_path / "run")
+    assert code == 143, output[-3000:]
+    assert f"{signal_name} {says}" in output
+    folder = run_dir(tmp_path / "run")
+    assert not (folder / "metrics.json").exists(), "a stopped run is not a finished one"
+    last = folder / "checkpoints" / "last.ckpt"
+    if saved_step is None:
+        assert not last.exists()
+    else:
+        assert torch.load(last, weights_only=True)["global_step"] == saved_step
+
+    code, output = run(command, tmp_path / "run")
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_signal_after_the_test_lets_the_finished_run_end_with_0(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Once the test has run, the run is complete: it writes metrics.json and exits 0."""
+    command = [*SMALL_RUN, *fault("test_end", 1, tmp_path / "fired", "SIGTERM", True)]
+    code, output = run(command, tmp_path / "run")
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_ddp_rank_stops_both_at_the_next_agreement_step(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Under DDP the ranks agree on a signal every `sync_every_n_steps` steps, not every step:
+    SIGTERM to rank 0 after step 1 makes both ranks save at step 3 and exit 143."""
+    ddp = ["strategy=ddp", "trainer.devices=2", "callbacks.preemption.sync_every_n_steps=3"]
+    command = [*SMALL_RUN, *ddp, *fault("train_step", 1, tmp_path / "fired", "SIGTERM")]
+    code, output = run(command, tmp_path / "run")
+    assert code == 143, output[-3000:]
+    assert "Received SIGTERM: saving" in output, "rank 0 got the signal"
+    assert "Received a signal on another rank: saving" in output, "rank 1 learned of it"
+    last = run_dir(tmp_path / "run") / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    trained = batches_by_step(tmp_path / "run")
+    assert [sorted(trained[rank]) for rank in (".rank0", ".rank1")] == [list(range(3))] * 2
+
+    code, output = run(command, tmp_path / "run")
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run([*SMALL_RUN, *ddp]), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path: Path) -> None:
+    """SLURM's time-limit warning (`sbatch --signal=USR1@90`): save at a step boundary, then
+    `scontrol requeue <job id>` (a fake scontrol on PATH records its arguments)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    command = [*SMALL_RUN, *fault("train_step", 3, tmp_path / "fired", "SIGUSR1")]
+    code, output = run(command, tmp_path / "job", env)
+    assert code == 143, output[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    assert "SIGUSR1 at step 3: saved" in output and "requeued the job" in output
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_multirun_group_stops_the_sweep_and_the_same_command_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to the whole process group (what `timeout`, SLURM and Kubernetes send) during the
+    first job, DataLoader workers included: that job saves and the sweep stops with 143, starting
+    no other job; the same command then finishes both."""
+    term = fault("train_step", 2, tmp_path / "fired", "SIGTERM", whole_group=True)
+    sweep = ["--multirun", *SMALL_RUN, *WORKERS, *term, "trainer.max_epochs=1", "seed=1,2"]
+    code, output = run(sweep, tmp_path)
+    assert code == 143, output[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert f"SIGTERM at step 2: saved {sweep_dir / '0' / 'checkpoints' / 'last.ckpt'}" in output
+    assert not (sweep_dir / "1").exists(), "no job starts after the signal"
+
+    code, output = run(sweep, tmp_path)
+    assert code == 0, output[-3000:]
+    assert "Resuming from" in output
+    rows = (sweep_dir / "summary.csv").read_text().split()[1:]
+    assert [row.split(",")[2] for row in rows] == ["COMPLETED", "COMPLETED"]
+
+
+@pytest.mark.slow
+def test_sigterm_during_eval_exits_143(tmp_path: Path) -> None:
+    code, output = run([*SMALL_RUN, "callbacks.early_stopping=null"], tmp_path / "train")
+    assert code == 0, output[-3000:]
+    last = run_dir(tmp_path / "train") / "checkpoints" / "last.ckpt"
+    evaluate = [
+        "trainer=cpu", "logger=none", f"ckpt_path='{last}'",
+        "allowed_targets=[tests.faults.FaultAt]", "+callbacks.fault._target_=tests.faults.FaultAt",
+        "+callbacks.fault.phase=test", f"+callbacks.fault.marker={tmp_path / 'fired'}",
+        "+callbacks.fault.signal_name=SIGTERM",
+    ]  # fmt: skip
+    code, output = run(evaluate, tmp_path / "eval", entry="evaluate")
+    assert code == 143, output[-3000:]

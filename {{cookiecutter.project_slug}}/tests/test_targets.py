@@ -1,0 +1,123 @@
+"""Nothing runs that the user did not write: a `_target_`, in a config or in a checkpoint's stored
+config, at any depth, must be a name the project's configs use or one listed exactly in
+`allowed_targets`. Each dangerous callable below, given arguments that would leave a file behind
+if it ran, is refused by train and by eval before anything is imported."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.evaluate import evaluate
+from {{ cookiecutter.package_name }}.targets import check_targets, shipped_targets
+from {{ cookiecutter.package_name }}.train import train
+
+from .helpers import PACKAGE, ComposeFn
+
+
+def dangerous_calls(marker: Path) -> dict[str, list[Any]]:
+    """Callables that run or compile code, load pickles, extensions or hub code, or touch the
+    system; with arguments that would create `marker` where the callable can."""
+    python = f"open({str(marker)!r}, 'w').close()"
+    return {
+        "builtins.eval": [python],
+        "builtins.exec": [python],
+        "builtins.compile": [python, "x", "exec"],
+        "builtins.__import__": ["os"],
+        "builtins.open": [str(marker), "w"],
+        "os.system": [f"touch {marker}"],
+        "os.popen": [f"touch {marker}"],
+        "subprocess.run": [["touch", str(marker)]],
+        "subprocess.Popen": [["touch", str(marker)]],
+        "subprocess.check_output": [["touch", str(marker)]],
+        "importlib.import_module": ["os"],
+        "runpy.run_path": [str(marker)],
+        "pickle.loads": [f"cos\nsystem\n(S'touch {marker}'\ntR."],
+        "shutil.rmtree": [str(marker.parent / "nothing")],
+        "ctypes.CDLL": ["libc.so.6"],
+        "hydra.utils.get_method": ["os.system"],
+        "hydra.utils.call": [{"_target_": "os.system", "_args_": [f"touch {marker}"]}],
+        "hydra.utils.instantiate": [{"_target_": "os.system", "_args_": [f"touch {marker}"]}],
+        "torch.load": [str(marker)],
+        "torch.hub.load": ["someone/repo", "model"],
+        "torch.utils.cpp_extension.load_inline": ["ext", python],
+        "torch.jit.CompilationUnit": ["def f(x: int) -> int:\n    return x\n"],
+        "torch.fx.graph_module._forward_from_src": [python, {}],
+        "torch.package.PackageImporter": [str(marker)],
+        # Prefix look-alikes: the project's own package name, then more.
+        f"{PACKAGE}_evil.run": [python],
+        f"{PACKAGE}.train.os.system": [f"touch {marker}"],
+    }
+
+
+CALLABLES = list(dangerous_calls(Path("marker")))
+
+
+def with_target(cfg: DictConfig, key: str, target: str, args: list[Any]) -> DictConfig:
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, {"_target_": target, "_args_": args}, force_add=True)
+    return cfg
+
+
+@pytest.mark.parametrize("target", CALLABLES)
+def test_train_refuses_a_dangerous_target_and_runs_nothing(
+    train_config: ComposeFn, tmp_path: Path, target: str
+) -> None:
+    marker = tmp_path / "ran"
+    cfg = with_target(train_config(), "model.net", target, dangerous_calls(marker)[target])
+    refused = re.escape(f"model.net._target_={target} in the config is not")
+    with pytest.raises(ConfigError, match=refused):
+        train(cfg)
+    assert not marker.exists()
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists(), "nothing was trained"
+
+
+@pytest.mark.parametrize("target", CALLABLES)
+def test_eval_refuses_a_checkpoint_naming_a_dangerous_target_and_runs_nothing(
+    train_config: ComposeFn, eval_config: ComposeFn, tmp_path: Path, target: str
+) -> None:
+    """The checkpoint loads with weights_only=True; its stored config is what would run."""
+    marker = tmp_path / "ran"
+    trained = train_config()
+    model = OmegaConf.to_container(trained.model, resolve=True)
+    assert isinstance(model, dict)
+    # Deep: inside the optimizer's positional arguments.
+    model["optimizer"]["_args_"] = [{"_target_": target, "_args_": dangerous_calls(marker)[target]}]
+    data = OmegaConf.to_container(trained.data, resolve=True)
+    checkpoint = tmp_path / "hostile.ckpt"
+    torch.save({"run_config": {"data": data, "model": model}, "state_dict": {}}, checkpoint)
+    refused = re.escape(f"model.optimizer._args_[0]._target_={target} in")
+    with pytest.raises(ConfigError, match=refused):
+        evaluate(eval_config(f"ckpt_path='{checkpoint}'"))
+    assert not marker.exists()
+
+
+def test_every_shipped_target_is_an_exact_name_and_none_is_a_module_prefix() -> None:
+    names = shipped_targets()
+    assert f"{PACKAGE}.train.train" not in names
+    assert "torch" not in names and "lightning" not in names
+    assert "torch.optim.AdamW" in names and "datetime.timedelta" in names
+
+
+def test_a_listed_name_is_allowed_exactly_and_no_prefix_of_it() -> None:
+    node = {"model": {"optimizer": {"_target_": "torch.optim.SGD"}}}
+    with pytest.raises(ConfigError, match=re.escape("allowed_targets=[torch.optim.SGD]")):
+        check_targets(node)
+    check_targets(node, ["torch.optim.SGD"])
+    for prefix in ("torch", "torch.optim", "torch.optim."):
+        with pytest.raises(ConfigError):
+            check_targets(node, [prefix])
+    with pytest.raises(ConfigError):
+        check_targets({"x": {"_target_": "torch.load"}}, ["torch"])
+
+
+def test_a_target_hidden_in_an_interpolation_is_refused() -> None:
+    node = OmegaConf.create({"name": "os.system", "model": {"_target_": "${name}"}})
+    with pytest.raises(ConfigError, match=re.escape("${name}")):
+        check_targets(node)
