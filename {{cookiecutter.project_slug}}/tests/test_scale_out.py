@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from .helpers import PACKAGE, ComposeFn, run_cli
 
@@ -163,38 +164,85 @@ SHORT_RUN = ["trainer.max_epochs=3"]
 
 
 @pytest.mark.slow
-def test_optuna_search_is_stored_resumed_and_prunes(tmp_path: Path) -> None:
+def test_optuna_study_is_continued_only_by_the_same_command(tmp_path: Path) -> None:
+    """The same command extends its study with new parameters, each trial in a directory of its
+    own (a crashed launch's trial is marked failed); another command makes another study, whose
+    pruned trials are reported as pruned, not failed."""
     import optuna
 
-    database = tmp_path / "optuna" / "search.db"
-    storage = f"sqlite:///{database}"
+    storage = f"sqlite:///{tmp_path / 'optuna' / 'search.db'}"
 
-    def search(n_trials: int, lr_range: str, prune_after: int) -> None:
+    def search(n_trials: int, lr_range: str, prune_after: int, sweep: str) -> optuna.Study:
         result = run_cli(
             "-m", PACKAGE, "--multirun", SEARCH, *PINNED, f"model.optimizer.lr={lr_range}",
             f"hydra.sweeper.n_trials={n_trials}", f"hydra.sweeper.storage={storage}",
             "hydra.sweeper.study_name=search", f"hydra.sweeper.pruner.n_startup_trials={prune_after}",
-            *QUICK, *SHORT_RUN, f"hydra.sweep.dir={tmp_path / f'sweep{n_trials}'}",
+            *QUICK, *SHORT_RUN, f"hydra.sweep.dir={tmp_path / sweep}",
             cwd=tmp_path,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
+        results = OmegaConf.load(tmp_path / sweep / "optimization_results.yaml")
+        return optuna.load_study(study_name=str(results.study_name), storage=storage)
 
-    def states() -> list[str]:
-        study = optuna.load_study(study_name="search", storage=storage)
+    def states(study: optuna.Study) -> list[str]:
         return [trial.state.name for trial in study.get_trials(deepcopy=False)]
 
-    search(2, "interval(0.002,0.004)", prune_after=10)
-    assert states() == ["COMPLETE", "COMPLETE"]
-    assert len(summary_rows(tmp_path / "sweep2")) == 2
+    first = search(2, "interval(0.002,0.004)", prune_after=10, sweep="a")
+    assert states(first) == ["COMPLETE", "COMPLETE"]
+    first.ask()  # a launch killed mid-trial leaves its trial running
+    again = search(3, "interval(0.002,0.004)", prune_after=10, sweep="a")
+    assert again.study_name == first.study_name, "the same command continues its study"
+    assert states(again) == ["COMPLETE", "COMPLETE", "FAIL", "COMPLETE"]
+    done = again.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    assert len({trial.params["model.optimizer.lr"] for trial in done}) == 3, "new parameters"
+    rows = summary_rows(tmp_path / "a")
+    assert [row["job"] for row in rows] == ["0", "1", "3"], "one directory per trial number"
+    for row in rows:
+        assert row["status"] == "COMPLETED"
+        assert (Path(row["run_dir"]) / "metrics.json").is_file()
 
-    search(3, "interval(0.002,0.004)", prune_after=10)
-    assert states() == ["COMPLETE"] * 3, "the second launch continues the stored study"
+    hopeless = "interval(0.0000001,0.0000002)"
+    other = search(1, hopeless, prune_after=1, sweep="b")
+    assert other.study_name != first.study_name, "another search never joins the first"
+    assert len(again.get_trials(deepcopy=False)) == 4
+    # A finished trial far ahead at every step: the next hopeless one falls below the median.
+    best = 1.0 if other.direction == optuna.study.StudyDirection.MAXIMIZE else 0.0
+    ahead = {step: best for step in range(5000)}
+    other.add_trial(optuna.trial.create_trial(value=best, intermediate_values=ahead))
+    other = search(3, hopeless, prune_after=1, sweep="b")
+    assert states(other) == ["COMPLETE", "COMPLETE", "PRUNED"], "a hopeless trial is pruned"
+    assert [row["status"] for row in summary_rows(tmp_path / "b")] == ["COMPLETED", "PRUNED"]
 
-    optuna.load_study(study_name="search", storage=storage).ask()  # a crashed launch's trial
-    search(4, "interval(0.0000001,0.0000002)", prune_after=1)
-    assert states() == ["COMPLETE"] * 3 + ["FAIL", "PRUNED"], "a hopeless trial is pruned"
-    results = (tmp_path / "sweep4" / "optimization_results.yaml").read_text()
-    assert "best_params" in results
+
+@pytest.mark.slow
+def test_a_grid_extended_by_one_value_trains_each_point_once_in_its_own_directory(
+    tmp_path: Path,
+) -> None:
+    for seeds in ("1,2", "1,2,3"):
+        result = run_cli(
+            "-m", PACKAGE, "--multirun", *QUICK, "trainer.max_epochs=1", f"seed={seeds}",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    sweeps = sorted((tmp_path / "logs" / "train" / "multiruns").iterdir())
+    rows = [row for sweep in sweeps for row in summary_rows(sweep)]
+    assert sorted(row["overrides"] for row in rows) == ["seed=1"] * 2 + ["seed=2"] * 2 + ["seed=3"]
+    assert all(row["status"] == "COMPLETED" for row in rows)
+    assert len({row["run_dir"] for row in rows}) == 5
+
+
+def test_a_run_directory_is_not_taken_by_other_settings(tmp_path: Path) -> None:
+    """An explicit run_name with other overrides: one error line, the finished run untouched."""
+    first = run_cli(
+        "-m", PACKAGE, *QUICK, "debug=limit", "resume=true", "run_name=mine", cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    other = run_cli(
+        "-m", PACKAGE, *QUICK, "debug=limit", "resume=true", "run_name=mine", "seed=7", cwd=tmp_path
+    )
+    assert other.returncode == 1
+    (line,) = other.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "seed=7" in line and "run_name" in line
 
 
 @pytest.mark.slow
@@ -214,3 +262,17 @@ def test_torchrun_script_runs_two_processes(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "logs" / "train" / "runs").iterdir()] == ["two"]
     assert len(list(run_dir.glob("metrics-rank*.json"))) == 2
     assert list((run_dir / "checkpoints").glob("*.ckpt"))
+
+
+def test_a_range_search_dimension_keeps_hydras_values_without_an_optuna_warning() -> None:
+    import warnings
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import distribution
+
+    override = OverridesParser.create().parse_override("x=range(10,100,10)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dimension = distribution(override)
+    assert (dimension.low, dimension.high, dimension.step) == (10, 90, 10)  # type: ignore[attr-defined]

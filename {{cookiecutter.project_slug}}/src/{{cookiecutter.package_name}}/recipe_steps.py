@@ -95,7 +95,7 @@ def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> 
     )
 
 
-def write_json(metrics: dict[str, float], path: Path) -> None:
+def write_json(metrics: dict[str, float] | list[str], path: Path) -> None:
     """Atomically: a kill leaves the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")

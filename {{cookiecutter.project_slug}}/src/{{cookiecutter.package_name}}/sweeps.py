@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 SUBPROCESS_DDP_TARGETS = ("DDPStrategy",)
 CLUSTER_LAUNCHERS = ("SlurmLauncher",)
+# An Optuna trial stopped early by the pruner: finished as intended, not failed.
+PRUNED = "PRUNED"
 
 
 def launches_ddp_subprocesses(cfg: DictConfig) -> bool:
@@ -73,8 +75,10 @@ class SweepSummary(Callback):
             return
         status = {"status": job_return.status.name}
         output_dir = Path(config.hydra.runtime.output_dir)
-        if job_return.status == JobStatus.FAILED:
-            error = job_return._return_value
+        error = job_return._return_value
+        if job_return.status == JobStatus.FAILED and type(error).__name__ == "TrialPruned":
+            status = {"status": PRUNED, "reason": str(error)}
+        elif job_return.status == JobStatus.FAILED:
             status["error"] = f"{type(error).__name__}: {error}"
             log.error(
                 "Job #%s (%s) failed: %s. Its log: %s",
@@ -97,7 +101,7 @@ class SweepSummary(Callback):
             return
         metric = config.get("optimized_metric")
         write_summary(sweep_dir, rows, metric)
-        failed = [row["job"] for row in rows if row["status"] != "COMPLETED"]
+        failed = [row["job"] for row in rows if row["status"] not in ("COMPLETED", PRUNED)]
         log.info("Sweep summary: %s (%d jobs)", sweep_dir / "summary.md", len(rows))
         if failed:
             log.error("Failed jobs: %s", ", ".join(map(str, failed)))

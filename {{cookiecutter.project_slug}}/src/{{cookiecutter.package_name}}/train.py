@@ -18,7 +18,13 @@ from . import stop_signals
 from .callbacks import ExactResume, RunConfigInCheckpoint
 from .callbacks.exact_resume import fit_state
 from .callbacks.preemption import stop
-from .checkpoints import check_same_model, newest_valid_checkpoint, read_checkpoint
+from .checkpoints import (
+    check_same_model,
+    is_global_zero,
+    newest_valid_checkpoint,
+    read_checkpoint,
+)
+from .errors import ConfigError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .recipe_steps import (
     build_trainer,
@@ -83,6 +89,38 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
     return Start()
 
 
+def identifying_overrides() -> list[str] | None:
+    """The command's overrides that change what is trained (Hydra's `override_dirname` leaves out
+    the same keys), or None outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    excluded = set(hydra.job.config.override_dirname.exclude_keys)
+    return sorted(o for o in hydra.overrides.task if o.split("=")[0].lstrip("+~") not in excluded)
+
+
+def check_run_identity(cfg: DictConfig) -> None:
+    """A run directory holds one run. The overrides it was started with are recorded in it, and a
+    different command that comes to the same directory (an explicit run_name=..., an Optuna trial of
+    another study) is refused instead of resumed or taken as finished."""
+    overrides = identifying_overrides()
+    if overrides is None or not is_global_zero():
+        return
+    path = Path(cfg.paths.output_dir) / "run_overrides.json"
+    if cfg.get("resume") and path.is_file():
+        recorded = json.loads(path.read_text())
+        if recorded != overrides:
+            changed = sorted(set(recorded) ^ set(overrides))
+            raise ConfigError(
+                f"{path.parent} holds a run of other settings ({' '.join(changed)} differ): pick "
+                "another run_name=..., or delete that directory to start over."
+            )
+        return
+    write_json(overrides, path)
+
+
 def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
     path = Path(cfg.paths.output_dir) / "metrics.json"
     if not cfg.get("resume") or not path.is_file():
@@ -112,10 +150,11 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
+    check_targets(cfg, cfg.get("allowed_targets") or ())
+    check_run_identity(cfg)
     done = finished_metrics(cfg)
     if done is not None:
         return done
-    check_targets(cfg, cfg.get("allowed_targets") or ())
     with exit_143_on_stop_signals():
         return fit_and_test(cfg)
 

@@ -5,6 +5,8 @@ reports intermediate values through the `OptunaPruning` callback, which may stop
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from pathlib import Path
@@ -29,7 +31,8 @@ def distribution(override: Override) -> optuna.distributions.BaseDistribution:
         return optuna.distributions.CategoricalDistribution(list(override.sweep_iterator()))  # type: ignore[arg-type]
     if isinstance(value, RangeSweep):
         start, stop, step = int(value.start or 0), int(value.stop or 0), int(value.step or 1)
-        return optuna.distributions.IntDistribution(start, stop - 1, step=step)
+        last = start + (stop - 1 - start) // step * step  # Hydra's range excludes `stop`
+        return optuna.distributions.IntDistribution(start, last, step=step)
     if isinstance(value, IntervalSweep):
         log_scale = "log" in value.tags
         if isinstance(value.start, int) and isinstance(value.end, int):
@@ -67,7 +70,7 @@ class OptunaSweeperImpl:
         self.seed = seed
         self.pruner = pruner
         self.params = dict(params or {})
-        self.job_idx = 0
+        self.name = study_name
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -97,6 +100,21 @@ class OptunaSweeperImpl:
                 fixed.append(str(override.input_line))
         return space, fixed
 
+    def _identity(self) -> str:
+        """The study's name: `study_name` and a digest of everything that defines the search (the
+        command's overrides that change what is trained, the search space, the direction), so
+        that only the same command continues a study and another one never joins it."""
+        hydra = self.config.hydra
+        excluded = set(hydra.job.config.override_dirname.exclude_keys)
+        overrides = sorted(
+            str(o)
+            for o in hydra.overrides.task
+            if str(o).split("=")[0].lstrip("+~") not in excluded
+        )
+        search = {"overrides": overrides, "params": self.params, "direction": self.direction}
+        digest = hashlib.sha1(json.dumps(search, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.study_name}-{digest}"
+
     def _study(self) -> optuna.Study:
         if self.storage and self.storage.startswith("sqlite:///"):
             Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -106,13 +124,16 @@ class OptunaSweeperImpl:
             else optuna.pruners.NopPruner()
         )
         study = optuna.create_study(
-            study_name=self.study_name,
+            study_name=self.name,
             storage=self.storage,
-            sampler=optuna.samplers.TPESampler(seed=self.seed),
             pruner=pruner,
             direction=self.direction,  # type: ignore[arg-type]
             load_if_exists=True,
         )
+        # A continued study samples on from where it stopped, not from its seed again (which
+        # would repeat the parameters of its first trials).
+        seed = None if self.seed is None else self.seed + len(study.trials)
+        study.sampler = optuna.samplers.TPESampler(seed=seed)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             log.warning(
                 "Trial %d was left running by an earlier launch: marked failed.", trial.number
@@ -121,6 +142,7 @@ class OptunaSweeperImpl:
         return study
 
     def sweep(self, arguments: list[str]) -> None:
+        self.name = self._identity()
         space, fixed = self._search_space(arguments)
         if not space:
             raise ValueError("nothing to search: set hydra.sweeper.params or pass sweep overrides")
@@ -129,15 +151,15 @@ class OptunaSweeperImpl:
         if done:
             log.info(
                 "Study %r continues: %d of %d trials finished.",
-                self.study_name,
+                self.name,
                 done,
                 self.n_trials,
             )
         while done < self.n_trials:
             trials = [study.ask(space) for _ in range(min(self.n_jobs, self.n_trials - done))]
             batch = [fixed + self._trial_overrides(trial) for trial in trials]
-            returns = self.launcher.launch(batch, initial_job_idx=self.job_idx)
-            self.job_idx += len(batch)
+            # Job directories by trial number: a continued study never reuses a finished trial's.
+            returns = self.launcher.launch(batch, initial_job_idx=trials[0].number)
             for trial, job in zip(trials, returns, strict=True):
                 self._tell(study, trial, job)
             done = len(study.get_trials(deepcopy=False, states=FINISHED))
@@ -150,7 +172,7 @@ class OptunaSweeperImpl:
         if self.storage:
             overrides += [
                 f"++optuna_trial.storage={quote(self.storage)}",
-                f"++optuna_trial.study_name={quote(self.study_name)}",
+                f"++optuna_trial.study_name={quote(self.name)}",
             ]
             overrides += [f"++optuna_trial.pruner.{k}={v}" for k, v in (self.pruner or {}).items()]
         return overrides
@@ -176,11 +198,11 @@ class OptunaSweeperImpl:
     def _report(self, study: optuna.Study) -> None:
         completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if not completed:
-            log.error("No trial of study %r completed.", self.study_name)
+            log.error("No trial of study %r completed.", self.name)
             return
         best = study.best_trial
         results = {
-            "study_name": self.study_name,
+            "study_name": self.name,
             "storage": self.storage,
             "best_trial": best.number,
             "best_value": best.value,
