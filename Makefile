@@ -31,8 +31,8 @@ test-fast: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -m "not slow"
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/python -m ruff check hooks tests
-	$(VENV)/bin/python -m ruff format --check hooks tests
+	$(VENV)/bin/python -m ruff check hooks tests local_extensions.py
+	$(VENV)/bin/python -m ruff format --check hooks tests local_extensions.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

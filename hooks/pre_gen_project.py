@@ -22,47 +22,43 @@ CHOICES = {
     "dockerfile": ["yes", "no"],
 }
 
-# Import names of the generated project's dependencies: a package with one of these names would
-# shadow the dependency for every import in the project.
+# Import names that a package of the same name would shadow in the generated project: its
+# dependency closure (torch, lightning, hydra, optuna, wandb, tensorboard and the dev tools), as
+# importlib.metadata lists it for a full install (tests/test_invalid_answers.py checks this list
+# against the installed closure), plus the project's own top-level folders.
 DEPENDENCY_MODULES = {
-    "torch",
-    "torchvision",
-    "torchaudio",
-    "torchmetrics",
-    "torchdata",
-    "lightning",
-    "lightning_fabric",
-    "lightning_utilities",
-    "pytorch_lightning",
-    "hydra",
-    "hydra_plugins",
-    "omegaconf",
-    "wandb",
-    "tensorboard",
-    "numpy",
-    "yaml",
-    "pytest",
-    "ruff",
-    "mypy",
-    "optuna",
-    "submitit",
-    "setuptools",
-    "pip",
-    "tests",
-    "test",
-    "src",
-    "configs",
-}
+    "absl", "aiohttp", "aiosignal", "alembic", "annotated_types", "antlr4", "anyio", "attr",
+    "attrs", "certifi", "cfgv", "charset_normalizer", "click", "cloudpickle", "colorlog",
+    "dateutil", "distlib", "distro", "docker_pycreds", "execnet", "filelock", "frozenlist",
+    "fsspec", "functorch", "git", "gitdb", "google", "grpc", "h11", "httpcore", "httpx", "hydra",
+    "hydra_plugins", "identify", "idna", "iniconfig", "isympy", "jinja2", "joblib", "lightning",
+    "librt", "lightning_fabric", "lightning_utilities", "mako", "markdown", "markupsafe", "mpmath",
+    "multidict", "mypy", "mypy_extensions", "mypyc", "networkx", "nodeenv", "numpy", "nvidia",
+    "omegaconf", "opentelemetry", "optuna", "packaging", "pathspec", "pip", "pkg_resources",
+    "platformdirs", "pluggy", "pre_commit", "pre_commit_hooks", "propcache", "psutil", "py",
+    "pydantic", "pydantic_core", "pydevd_plugins", "pygments", "pytest", "pytest_cookies", "pytorch_lightning",
+    "requests", "rich", "ruamel", "ruff", "sentry_sdk", "setproctitle", "setuptools", "six",
+    "smmap", "sniffio", "sqlalchemy", "submitit", "sympy", "tensorboard",
+    "tensorboard_data_server", "tomli", "torch", "torchaudio", "torchdata", "torchgen",
+    "torchmetrics", "torchvision", "tqdm", "triton", "typing_extensions", "typing_inspection",
+    "urllib3", "virtualenv", "wandb", "werkzeug", "xdist", "xxhash", "yaml", "yarl",
+    "tests", "test", "src", "configs",
+}  # fmt: skip
+# Longer package names make the generated imports and entry points too long for its own lint.
+MAX_PACKAGE_NAME = 64
 
 DISTRIBUTION_NAME = re.compile(r"^([a-z0-9]|[a-z0-9][a-z0-9._-]*[a-z0-9])$", re.IGNORECASE)
 PACKAGE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# What packaging metadata takes without quoting: name@host.domain in plain ASCII.
+EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def package_name_problem(name: str) -> str | None:
     if not PACKAGE_NAME.match(name):
         return "must be lowercase ASCII letters, digits and underscores, not starting with a digit"
+    if len(name) > MAX_PACKAGE_NAME:
+        return f"is {len(name)} characters long; use at most {MAX_PACKAGE_NAME}"
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return "is a Python keyword"
     if name in sys.stdlib_module_names:
@@ -94,7 +90,9 @@ def problems(answers: dict) -> list[tuple[str, str]]:
         found.append(("package_name", package_problem))
     email = str(answers.get("author_email", ""))
     if email and not EMAIL.match(email):
-        found.append(("author_email", "must look like name@example.com, or be empty"))
+        found.append(
+            ("author_email", "must look like name@example.com (ASCII, no quotes), or be empty")
+        )
     for field, allowed in CHOICES.items():
         if answers.get(field) not in allowed:
             found.append((field, "must be one of " + ", ".join(allowed)))

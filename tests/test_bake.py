@@ -46,6 +46,8 @@ MATRIX = {
     },
     "very-long-name": {"project_name": "An Extremely Long Project Name " * 8},
     "no-email": {"author_email": ""},
+    "emoji-description": {"description": "Trains fast \U0001f680 and writes \u00fcmlauts"},
+    "longest-package-name": {"package_name": "long_" * 12 + "name"},
 }
 
 

@@ -24,6 +24,10 @@ INVALID = {
     "bad-email": ("author_email", "not-an-email"),
     "newline-in-description": ("description", "line one\nline two"),
     "empty-name": ("project_name", " "),
+    "quote-in-email": ("author_email", 'a"b@example.com'),
+    "space-in-email": ("author_email", "a b@example.com"),
+    "shadows-a-dependency-of-a-dependency": ("package_name", "tqdm"),
+    "too-long-for-its-own-lint": ("package_name", "p" * 65),
 }
 
 
@@ -49,3 +53,32 @@ def test_valid_defaults_from_the_command_line(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["lightning-hydra-project"]
     assert "lightning_hydra_project-train" in result.stdout
+
+
+def test_every_module_of_the_dependency_closure_is_refused_as_a_package_name() -> None:
+    """The hook's list against what this venv, which holds the generated project's dependencies
+    and dev tools, can import from their distributions."""
+    import importlib.metadata
+    import re
+
+    from packaging.requirements import Requirement
+
+    hook = (TEMPLATE / "hooks" / "pre_gen_project.py").read_text()
+    listed = set(re.findall(r'"([a-z_][a-z0-9_]*)"', hook[hook.index("DEPENDENCY_MODULES") :]))
+    roots = ["torch", "lightning", "torchmetrics", "hydra-core", "hydra-joblib-launcher"]
+    roots += ["hydra-submitit-launcher", "optuna", "wandb", "tensorboard", "pytest", "ruff", "mypy"]
+    seen: set[str] = set()
+    modules: set[str] = set()
+    while roots:
+        name = re.sub(r"[-_.]+", "-", roots.pop()).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        distribution = importlib.metadata.distribution(name)
+        for requirement in map(Requirement, distribution.requires or []):
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                roots.append(requirement.name)
+        top_level = distribution.read_text("top_level.txt") or ""
+        modules |= {line.strip() for line in top_level.split()}
+    importable = {m for m in modules if re.fullmatch(r"[a-z][a-z0-9_]*", m)}
+    assert importable and importable <= listed, sorted(importable - listed)

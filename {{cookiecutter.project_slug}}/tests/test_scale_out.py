@@ -269,7 +269,9 @@ def test_a_range_search_dimension_keeps_hydras_values_without_an_optuna_warning(
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import distribution
+    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import (
+        distribution,
+    )
 
     override = OverridesParser.create().parse_override("x=range(10,100,10)")
     with warnings.catch_warnings():

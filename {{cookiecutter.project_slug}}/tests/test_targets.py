@@ -13,10 +13,19 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.evaluate import evaluate
-from {{ cookiecutter.package_name }}.targets import check_targets, shipped_targets
-from {{ cookiecutter.package_name }}.train import train
+from {{ cookiecutter.package_name }}.errors import (
+    ConfigError,
+)
+from {{ cookiecutter.package_name }}.evaluate import (
+    evaluate,
+)
+from {{ cookiecutter.package_name }}.targets import (
+    check_targets,
+    shipped_targets,
+)
+from {{ cookiecutter.package_name }}.train import (
+    train,
+)
 
 from .helpers import PACKAGE, ComposeFn
 
@@ -91,7 +100,8 @@ def test_eval_refuses_a_checkpoint_naming_a_dangerous_target_and_runs_nothing(
     model["optimizer"]["_args_"] = [{"_target_": target, "_args_": dangerous_calls(marker)[target]}]
     data = OmegaConf.to_container(trained.data, resolve=True)
     checkpoint = tmp_path / "hostile.ckpt"
-    torch.save({"run_config": {"data": data, "model": model}, "state_dict": {}}, checkpoint)
+    run_config = {"data": data, "model": model}
+    torch.save(dict(run_config=run_config, state_dict={}), checkpoint)
     refused = re.escape(f"model.optimizer._args_[0]._target_={target} in")
     with pytest.raises(ConfigError, match=refused):
         evaluate(eval_config(f"ckpt_path='{checkpoint}'"))
@@ -106,7 +116,8 @@ def test_every_shipped_target_is_an_exact_name_and_none_is_a_module_prefix() -> 
 
 
 def test_a_listed_name_is_allowed_exactly_and_no_prefix_of_it() -> None:
-    node = {"model": {"optimizer": {"_target_": "torch.optim.SGD"}}}
+    optimizer = {"_target_": "torch.optim.SGD"}
+    node = {"model": dict(optimizer=optimizer)}
     with pytest.raises(ConfigError, match=re.escape("allowed_targets=[torch.optim.SGD]")):
         check_targets(node)
     check_targets(node, ["torch.optim.SGD"])
@@ -114,10 +125,11 @@ def test_a_listed_name_is_allowed_exactly_and_no_prefix_of_it() -> None:
         with pytest.raises(ConfigError):
             check_targets(node, [prefix])
     with pytest.raises(ConfigError):
-        check_targets({"x": {"_target_": "torch.load"}}, ["torch"])
+        check_targets(dict(x={"_target_": "torch.load"}), ["torch"])
 
 
 def test_a_target_hidden_in_an_interpolation_is_refused() -> None:
-    node = OmegaConf.create({"name": "os.system", "model": {"_target_": "${name}"}})
+    model = {"_target_": "${name}"}
+    node = OmegaConf.create({"name": "os.system", "model": model})
     with pytest.raises(ConfigError, match=re.escape("${name}")):
         check_targets(node)
