@@ -103,6 +103,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/train.py",
         f"{src}/recipe_steps.py",
         f"{src}/stop_signals.py",
+        f"{src}/run_settings.py",
         f"{src}/callbacks/optuna_pruning.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/__init__.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/_impl.py",

@@ -73,3 +73,17 @@ def test_eval_config_composes(eval_config: ComposeFn) -> None:
     cfg = eval_config("ckpt_path=some.ckpt")
     assert cfg.ckpt_path == "some.ckpt"
     OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_every_trainer_argument_is_a_config_key(train_config: ComposeFn) -> None:
+    """`trainer.fast_dev_run=true` and the like work as the Trainer's own arguments, not as
+    Hydra's "not in struct" error."""
+    import inspect
+
+    import lightning as L
+
+    passed_by_the_recipe = {"self", "logger", "callbacks", "plugins"}
+    newer_than_the_lowest_supported = {"enable_autolog_hparams", "model_registry"}
+    arguments = set(inspect.signature(L.Trainer.__init__).parameters)
+    expected = arguments - passed_by_the_recipe - newer_than_the_lowest_supported
+    assert expected <= set(train_config().trainer)

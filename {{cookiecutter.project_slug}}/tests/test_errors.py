@@ -95,6 +95,22 @@ TRAIN_CASES = {
     "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
     "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
     "missing data path": (MISSING_DATA[0].split(), [MISSING_DATA[1]]),
+    "seed not a number": (["seed=abc"], ["seed='abc'", "whole number"]),
+    "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
+    "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),
+    "zero learning rate": (["model.optimizer.lr=0"], ["model.optimizer.lr=0", "positive"]),
+    "infinite learning rate": (["model.optimizer.lr=inf"], ["model.optimizer.lr=inf", "finite"]),
+    "learning rate a word": (["model.optimizer.lr=fast"], ["model.optimizer.lr='fast'"]),
+    "zero devices": (["trainer.devices=0"], ["trainer.devices=0", "count of 1 or more"]),
+    "devices a word": (["trainer.devices=many"], ["trainer.devices='many'"]),
+    "max_epochs below -1": (["trainer.max_epochs=-5"], ["trainer.max_epochs=-5", "-1 or more"]),
+    "max_steps below -1": (["trainer.max_steps=-3"], ["trainer.max_steps=-3"]),
+    "full-width digits": (["trainer.max_epochs='\uff11\uff10'"], ["trainer.max_epochs", "ASCII digits"]),
+    "logging every 0 steps": (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0"]),
+    "accumulating 0 batches": (["trainer.accumulate_grad_batches=0"], ["accumulate_grad_batches=0"]),
+    "negative gradient clip": (["trainer.gradient_clip_val=-1"], ["gradient_clip_val=-1"]),
+    "batch limit above 1.0": (["trainer.limit_train_batches=1.5"], ["limit_train_batches=1.5", "fraction"]),
+    "negative batch limit": (["trainer.limit_val_batches=-2"], ["limit_val_batches=-2"]),
 }  # fmt: skip
 
 
@@ -166,6 +182,22 @@ def test_bad_command_line_gets_a_clear_error_without_a_traceback(case: str, tmp_
     for fragment in fragments:
         assert fragment in result.stderr
     assert not (tmp_path / "logs").exists(), "nothing was written"
+
+
+def test_an_early_error_leaves_no_run_directory_behind(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "trainer=cpu", "seed=abc"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: seed='abc': use a whole number from 0 to 4294967295, or null."
+    ]
+    assert list(tmp_path.iterdir()) == [], "the run directory Hydra made is gone"
 
 
 def test_eval_without_a_checkpoint_says_which_key_is_missing(tmp_path: Path) -> None:

@@ -38,11 +38,24 @@ VALIDATION_STEP = 3
 def test_run_names_follow_the_overrides() -> None:
     assert run_name(None, "") == "default"
     assert run_name(None, "experiment=big,trainer=gpu") == "experiment=big,trainer=gpu"
-    assert run_name(None, "hydra/launcher=joblib,x='a b'") == "hydra_launcher=joblib,x=_a_b_"
+    assert run_name("my-run", "experiment=big") == "my-run"
+    slashed = run_name(None, "hydra/launcher=joblib,x='a b'")
+    assert slashed.startswith("hydra_launcher=joblib,x=_a_b_-") and "/" not in slashed
+    assert slashed != run_name(None, "hydra_launcher=joblib,x=_a_b_")
     long_name = run_name(None, "model.optimizer.lr=0.001," * 20)
     assert len(long_name) == 100
     assert long_name != run_name(None, "model.optimizer.lr=0.002," * 20)
-    assert run_name("my-run", "experiment=big") == "my-run"
+
+
+@pytest.mark.parametrize("hostile", ["..", ".", "../../etc", "a/../../b", ".hidden", "x" * 300])
+def test_a_run_name_stays_one_folder_inside_runs(hostile: str) -> None:
+    name = run_name(hostile, "")
+    assert "/" not in name and not name.startswith(".") and 0 < len(name) <= 100
+
+
+def test_distinct_run_names_give_distinct_folders() -> None:
+    names = ["日本語", "中文字", "ü", "ö", "a b", "a_b", "a/b"]
+    assert len({run_name(name, "") for name in names}) == len(names)
 
 
 def test_unreadable_newest_checkpoint_is_moved_aside(

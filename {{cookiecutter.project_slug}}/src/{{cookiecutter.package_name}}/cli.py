@@ -35,6 +35,37 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+HYDRA_START_FILES = (".hydra", "train.log", "eval.log", "debug.log", "run_overrides.json")
+
+
+def remove_unused_run_dir() -> None:
+    """A run directory holding only what a command writes before it starts training (Hydra's
+    `.hydra/` and log, the recorded overrides) was made by the command that failed: it goes, with
+    the folders above it that it leaves empty, so bad input leaves nothing behind."""
+    import logging
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        folder = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # no Hydra run (a test composing configs), or no output directory
+        return
+    if not (folder / ".hydra").is_dir():
+        return
+    if any(path.name not in HYDRA_START_FILES for path in folder.iterdir()):
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:
+        if parent == Path.cwd() or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
 def _run(task: Any, cfg: DictConfig) -> float | None:
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
@@ -51,6 +82,7 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
     except (ConfigError, TrainingError) as error:
         if in_multirun():
             raise  # Hydra marks this job failed, runs the others, then exits with code 1
+        remove_unused_run_dir()
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
     name = cfg.get("optimized_metric")

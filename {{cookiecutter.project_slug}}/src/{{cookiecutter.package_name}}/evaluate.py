@@ -20,6 +20,7 @@ from .recipe_steps import (
     scalars,
     write_metrics,
 )
+from .run_settings import check_run_settings
 from .targets import check_targets
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model_cfg = OmegaConf.merge(stored["model"], cfg.get("model") or {})
     allowed = cfg.get("allowed_targets") or ()
     check_targets(cfg, allowed)
+    check_run_settings(cfg)
     check_targets({"data": data_cfg, "model": model_cfg}, allowed, source=f"{ckpt_path}")
     with config_errors():
         datamodule = instantiate(data_cfg)

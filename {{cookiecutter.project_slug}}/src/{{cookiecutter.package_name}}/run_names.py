@@ -15,16 +15,24 @@ MAX_LENGTH = 100
 SWEEP_NAME_VARIABLE = "{{ cookiecutter.package_name | upper }}_SWEEP_NAME"
 
 
-def run_name(explicit: str | None, override_dirname: str) -> str:
-    """`run_name` when given; else the overrides (`key=value,...`, sorted by Hydra) made safe for
-    a folder name, shortened with a hash when long; `default` for no overrides."""
-    if explicit:
-        return UNSAFE.sub("_", str(explicit))
-    name = UNSAFE.sub("_", override_dirname) or "default"
-    if len(name) <= MAX_LENGTH:
+def safe_name(name: str) -> str:
+    """`name` as one folder name: characters other than ASCII letters, digits and `._=,+-` become
+    `_`, a leading `.` too (no `..` out of runs/); where that changed it, or it is long, a digest of
+    the original is added, so distinct names stay distinct folders."""
+    safe = UNSAFE.sub("_", name)
+    safe = "_" + safe[1:] if safe.startswith(".") else safe
+    if safe == name and len(name) <= MAX_LENGTH:
         return name
-    digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
-    return f"{name[: MAX_LENGTH - 11]}-{digest}"
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    return f"{safe[: MAX_LENGTH - 11]}-{digest}"
+
+
+def run_name(explicit: str | None, override_dirname: str) -> str:
+    """`run_name` when given; else the overrides (`key=value,...`, sorted by Hydra); `default`
+    for no overrides. Made safe as a folder name by `safe_name`."""
+    if explicit:
+        return safe_name(str(explicit))
+    return safe_name(override_dirname) if override_dirname else "default"
 
 
 def resolve_run_name(*, _root_: DictConfig) -> str:

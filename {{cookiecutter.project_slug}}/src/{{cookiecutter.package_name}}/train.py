@@ -34,6 +34,7 @@ from .recipe_steps import (
     write_json,
     write_metrics,
 )
+from .run_settings import check_run_settings
 from .targets import check_targets
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
 
 def train(cfg: DictConfig) -> dict[str, float]:
     check_targets(cfg, cfg.get("allowed_targets") or ())
+    check_run_settings(cfg)
     check_run_identity(cfg)
     done = finished_metrics(cfg)
     if done is not None:

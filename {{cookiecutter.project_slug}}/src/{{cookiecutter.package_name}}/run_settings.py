@@ -1,0 +1,80 @@
+"""Values a config can hold but a run cannot use, refused before anything is built, each with one
+line that names the key and what to write instead. No torch here."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import ConfigError
+
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def refuse(key: str, value: Any, rule: str) -> ConfigError:
+    hint = " (ASCII digits)" if isinstance(value, str) and any(c.isdigit() for c in value) else ""
+    return ConfigError(f"{key}={value!r}: {rule}{hint}.")
+
+
+def check_whole(key: str, value: Any, low: int, allowed: tuple[Any, ...] = (None,)) -> None:
+    if value in allowed and not isinstance(value, bool):
+        return
+    if not whole(value) or value < low:
+        alternatives = "".join(f", or {'null' if a is None else repr(a)}" for a in allowed)
+        raise refuse(key, value, f"use a whole number of {low} or more{alternatives}")
+
+
+def check_limit(key: str, value: Any) -> None:
+    """Lightning's limit_*_batches: a count, or a fraction between 0 and 1."""
+    if value is None or (whole(value) and value >= 0):
+        return
+    if not number(value) or not 0.0 <= value <= 1.0:
+        raise refuse(key, value, "use a whole number of batches, or a fraction from 0.0 to 1.0")
+
+
+def check_trainer(trainer: DictConfig) -> None:
+    check_whole("trainer.max_epochs", trainer.get("max_epochs"), -1)
+    check_whole("trainer.max_steps", trainer.get("max_steps"), -1)
+    check_whole("trainer.min_epochs", trainer.get("min_epochs"), 0)
+    check_whole("trainer.num_nodes", trainer.get("num_nodes", 1), 1)
+    check_whole("trainer.log_every_n_steps", trainer.get("log_every_n_steps"), 1)
+    check_whole("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1), 1)
+    check_whole("trainer.check_val_every_n_epoch", trainer.get("check_val_every_n_epoch"), 1)
+    devices = trainer.get("devices")
+    if not (
+        devices in ("auto", -1)
+        or (whole(devices) and devices >= 1)
+        or (isinstance(devices, (list, tuple)) and devices and all(whole(d) for d in devices))
+    ):
+        raise refuse(
+            "trainer.devices", devices, "use a count of 1 or more, -1 or auto for all, or a list"
+        )
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and (not number(clip) or not clip >= 0):
+        raise refuse("trainer.gradient_clip_val", clip, "use a number of 0 or more, or null")
+    for split in ("train", "val", "test", "predict"):
+        check_limit(f"trainer.limit_{split}_batches", trainer.get(f"limit_{split}_batches"))
+
+
+def check_learning_rate(cfg: DictConfig) -> None:
+    lr = OmegaConf.select(cfg, "model.optimizer.lr", default=None)
+    if lr is not None and (not number(lr) or not math.isfinite(lr) or lr <= 0):
+        raise refuse("model.optimizer.lr", lr, "use a positive, finite learning rate, e.g. 0.001")
+
+
+def check_run_settings(cfg: DictConfig) -> None:
+    seed = cfg.get("seed")
+    if seed is not None and (not whole(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise refuse("seed", seed, f"use a whole number from 0 to {SEED_RANGE[1]}, or null")
+    check_trainer(cfg.trainer)
+    check_learning_rate(cfg)
