@@ -105,7 +105,7 @@ TRAIN_CASES = {
     "devices a word": (["trainer.devices=many"], ["trainer.devices='many'"]),
     "max_epochs below -1": (["trainer.max_epochs=-5"], ["trainer.max_epochs=-5", "-1 or more"]),
     "max_steps below -1": (["trainer.max_steps=-3"], ["trainer.max_steps=-3"]),
-    "full-width digits": (["trainer.max_epochs='\uff11\uff10'"], ["trainer.max_epochs", "ASCII digits"]),
+    "full-width numerals": (["trainer.max_epochs='\uff11\uff10'"], ["trainer.max_epochs", "ASCII numerals"]),
     "logging every 0 steps": (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0"]),
     "accumulating 0 batches": (["trainer.accumulate_grad_batches=0"], ["accumulate_grad_batches=0"]),
     "negative gradient clip": (["trainer.gradient_clip_val=-1"], ["gradient_clip_val=-1"]),

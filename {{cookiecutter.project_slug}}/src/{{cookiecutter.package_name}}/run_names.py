@@ -16,7 +16,7 @@ SWEEP_NAME_VARIABLE = "{{ cookiecutter.package_name | upper }}_SWEEP_NAME"
 
 
 def safe_name(name: str) -> str:
-    """`name` as one folder name: characters other than ASCII letters, digits and `._=,+-` become
+    """`name` as one folder name: characters other than ASCII letters, numerals and `._=,+-` become
     `_`, a leading `.` too (no `..` out of runs/); where that changed it, or it is long, a digest of
     the original is added, so distinct names stay distinct folders."""
     safe = UNSAFE.sub("_", name)

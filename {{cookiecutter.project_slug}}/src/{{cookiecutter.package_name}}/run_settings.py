@@ -22,7 +22,8 @@ def number(value: Any) -> bool:
 
 
 def refuse(key: str, value: Any, rule: str) -> ConfigError:
-    hint = " (ASCII digits)" if isinstance(value, str) and any(c.isdigit() for c in value) else ""
+    numeral = isinstance(value, str) and any(c.isdigit() for c in value)
+    hint = " (in ASCII numerals, e.g. 10)" if numeral else ""
     return ConfigError(f"{key}={value!r}: {rule}{hint}.")
 
 
