@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -143,6 +144,16 @@ def assert_equal(expected: Any, got: Any, where: str) -> None:
             assert_equal(one, other, f"{where}[{index}]")
     else:
         assert expected == got, f"{where}: {expected!r} != {got!r}"
+
+
+def killed_then_finished(command: list[str], cwd: Path, kills: int = 1) -> None:
+    """Run `command` `kills` times, each ended by its faults' SIGKILL, then once more: that run
+    must finish."""
+    for _ in range(kills):
+        code, output = run(command, cwd)
+        assert code == -signal.SIGKILL, f"the fault did not fire:\n{output[-3000:]}"
+    code, output = run(command, cwd)
+    assert code == 0, output[-3000:]
 
 
 def assert_same_outcome(reference: Path, resumed: Path) -> None:

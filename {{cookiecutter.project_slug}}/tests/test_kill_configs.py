@@ -4,7 +4,6 @@ checkpoints off the epoch boundary{% endif %}{% if cookiecutter.examples == "bot
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,10 @@ from .killing import (
     assert_same_outcome,
     batches_by_step,
     fault,
+    killed_then_finished,
 {%- if cookiecutter.examples == "both" %}
     outcome,
 {%- endif %}
-    run,
 )
 
 DDP = ["strategy=ddp", "trainer.devices=2"]
@@ -38,11 +37,7 @@ def test_ddp_run_killed_in_validation_then_early_in_the_next_epoch_finishes_exac
         *fault("validation", 1, tmp_path / "first", name="first"),
         *fault("train_step", 6, tmp_path / "second", name="second"),
     ]  # fmt: skip
-    for _ in range(2):
-        code, output = run(command, tmp_path / "run")
-        assert code == -signal.SIGKILL, output[-3000:]
-    code, output = run(command, tmp_path / "run")
-    assert code == 0, output[-3000:]
+    killed_then_finished(command, tmp_path / "run", kills=2)
     reference = reference_run([*SMALL_RUN, *DDP])
     assert_same_outcome(reference, tmp_path / "run")
     assert set(batches_by_step(tmp_path / "run")) == {".rank0", ".rank1"}
@@ -72,10 +67,7 @@ def test_max_steps_run_killed_in_a_phase_finishes_exactly(
 ) -> None:
     name, at = MAX_STEPS_PHASES[phase]
     command = [*MAX_STEPS_RUN, *fault(name, at, tmp_path / "fired")]
-    code, output = run(command, tmp_path / "run")
-    assert code == -signal.SIGKILL, output[-3000:]
-    code, output = run(command, tmp_path / "run")
-    assert code == 0, output[-3000:]
+    killed_then_finished(command, tmp_path / "run")
     assert_same_outcome(reference_run(MAX_STEPS_RUN), tmp_path / "run")
 
 {%- endif %}
@@ -97,10 +89,7 @@ def test_language_run_killed_in_a_phase_finishes_exactly(
     """Killed in the test stage, the resumed run's metrics.json lacked val/loss, train/loss, the
     bits per byte and the learning rates (and with them a sweep's optimized metric)."""
     command = [*LANGUAGE_RUN, *fault(phase, at, tmp_path / "fired")]
-    code, output = run(command, tmp_path / "run")
-    assert code == -signal.SIGKILL, output[-3000:]
-    code, output = run(command, tmp_path / "run")
-    assert code == 0, output[-3000:]
+    killed_then_finished(command, tmp_path / "run")
     assert_same_outcome(reference_run(LANGUAGE_RUN), tmp_path / "run")
     metrics = outcome(tmp_path / "run")["metrics"]
     assert {"val/loss", "train/loss", "val/bits_per_byte"} <= set(metrics)

@@ -4,12 +4,11 @@ weights and optimizer state, the same batches, checkpoint files and metrics.json
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 
-from .killing import SMALL_RUN, References, assert_same_outcome, fault, run
+from .killing import SMALL_RUN, References, assert_same_outcome, fault, killed_then_finished
 
 # phase, occurrence (for `train_step`, the step): see tests/faults.py.
 PHASES = {
@@ -35,11 +34,7 @@ def test_killed_in_a_phase_the_same_command_finishes_exactly(
     tmp_path: Path, phase: str, reference_run: References
 ) -> None:
     name, at = PHASES[phase]
-    command = [*SMALL_RUN, *fault(name, at, tmp_path / "fired")]
-    code, output = run(command, tmp_path / "run")
-    assert code == -signal.SIGKILL, f"the fault did not fire:\n{output[-3000:]}"
-    code, output = run(command, tmp_path / "run")
-    assert code == 0, output[-3000:]
+    killed_then_finished([*SMALL_RUN, *fault(name, at, tmp_path / "fired")], tmp_path / "run")
     assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
 
 
@@ -54,11 +49,7 @@ def test_killed_twice_in_a_row_the_same_command_finishes_exactly(
         *fault("validation", 1, tmp_path / "first", name="first"),
         *fault("train_step", 6, tmp_path / "second", name="second"),
     ]
-    for _ in range(2):
-        code, output = run(command, tmp_path / "run")
-        assert code == -signal.SIGKILL, output[-3000:]
-    code, output = run(command, tmp_path / "run")
-    assert code == 0, output[-3000:]
+    killed_then_finished(command, tmp_path / "run", kills=2)
     assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
 
 
@@ -75,9 +66,5 @@ def test_repeated_kills_leave_no_more_step_checkpoints_than_save_top_k(
         for override in fault("train_step", step, tmp_path / f"k{step}", name=f"k{step}")
     ]
     command = [*SMALL_RUN, *every_2, *kills]
-    for _ in range(3):
-        code, output = run(command, tmp_path / "run")
-        assert code == -signal.SIGKILL, output[-3000:]
-    code, output = run(command, tmp_path / "run")
-    assert code == 0, output[-3000:]
+    killed_then_finished(command, tmp_path / "run", kills=3)
     assert_same_outcome(reference_run([*SMALL_RUN, *every_2]), tmp_path / "run")
