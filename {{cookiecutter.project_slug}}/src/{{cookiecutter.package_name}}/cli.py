@@ -52,8 +52,9 @@ def remove_unused_run_dir() -> None:
         folder = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # no Hydra run (a test composing configs), or no output directory
         return
-    if not (folder / ".hydra").is_dir():
-        return
+    here = Path.cwd().resolve()
+    if not (folder / ".hydra").is_dir() or folder.resolve() in (here, *here.parents):
+        return  # never the folder the command runs in (hydra.run.dir=.), nor one above it
     if any(path.name not in HYDRA_START_FILES for path in folder.iterdir()):
         return
     for handler in logging.getLogger().handlers:
