@@ -104,6 +104,8 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/recipe_steps.py",
         f"{src}/stop_signals.py",
         f"{src}/run_settings.py",
+        f"{src}/run_lock.py",
+        f"{src}/command_errors.py",
         f"{src}/callbacks/optuna_pruning.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/__init__.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/_impl.py",
@@ -150,6 +152,8 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/test_targets.py",
         "tests/test_runs.py",
         "tests/test_scale_out.py",
+        "tests/test_command_line.py",
+        "tests/test_install_torch.py",
     }
     files |= {
         f"{configs}/strategy/{name}.yaml"

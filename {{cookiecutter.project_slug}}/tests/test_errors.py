@@ -3,6 +3,7 @@ reaches the weights or a checkpoint."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from {{ cookiecutter.package_name }} import checkpoints as checkpoints_module
 from {{ cookiecutter.package_name }}.checkpoints import (
     newest_valid_checkpoint,
 )
@@ -29,6 +31,7 @@ SHORT_RUN = [
     "trainer.val_check_interval=4", "trainer.limit_val_batches=2", "test=false",
 ]  # fmt: skip
 MISSING_DATA = ("data.source=/no/such/corpus", "data.source=/no/such/corpus")
+UNREADABLE_DATA = "data.source={dir}/unreadable/train.txt"
 {%- else %}
 
 SHORT_RUN = [
@@ -36,7 +39,11 @@ SHORT_RUN = [
     "test=false",
 ]  # fmt: skip
 MISSING_DATA = ("data=mnist data.data_dir=/no/such/folder data.download=false", "data.data_dir")
+UNREADABLE_DATA = "data=mnist data.data_dir={dir}/unreadable data.download=false"
 {%- endif %}
+# A file that the kernel refuses to read, even to root (reading it fails with EIO).
+UNREADABLE_FILE = Path("/proc/self/mem")
+MNIST_KINDS = ("images-idx3-ubyte", "labels-idx1-ubyte")
 
 
 def fails_with(
@@ -56,7 +63,9 @@ def fails_with(
 
 def snapshot(path: Path) -> dict[str, tuple[int, int]]:
     return {
-        str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in path.rglob("*")
+        if p.is_file() and not p.is_symlink()
     }
 
 
@@ -77,6 +86,9 @@ def written(tmp_path: Path) -> Path:
     evil_data = {"_target_": "os.system", "command": "touch pwned"}
     run_config = {"data": evil_data, "model": dict(evil_data)}
     torch.save({"run_config": run_config}, folder / "evil_run_config.ckpt")
+    (folder / "unreadable").mkdir()
+    for name in ("train.txt", *(f"{s}-{k}" for s in ("train", "t10k") for k in MNIST_KINDS)):
+        (folder / "unreadable" / name).symlink_to(UNREADABLE_FILE)
     return folder
 
 
@@ -95,6 +107,8 @@ TRAIN_CASES = {
     "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
     "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
     "missing data path": (MISSING_DATA[0].split(), [MISSING_DATA[1]]),
+    "unreadable data file": (UNREADABLE_DATA.split(), ["cannot read", "unreadable"]),
+    "ckpt_path a folder": (["ckpt_path={dir}"], ["is a folder", ".ckpt"]),
     "seed not a number": (["seed=abc"], ["seed='abc'", "whole number"]),
     "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
     "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),
@@ -225,6 +239,52 @@ def assert_all_checkpoints_finite(cfg: DictConfig) -> None:
     for path in checkpoints(cfg):
         state = torch.load(path, weights_only=True)["state_dict"]
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(
+    train_config: ComposeFn, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second checkpoint write fails as a full disk fails it (ENOSPC, half-way through)."""
+    cfg = train_config(*SHORT_RUN, "callbacks.step_checkpoint.every_n_train_steps=2")
+    real_save, writes = torch.save, []
+
+    def save(obj: Any, file: Any, *args: Any, **kwargs: Any) -> None:
+        writes.append(file)
+        if len(writes) == 2:
+            file.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints_module.torch, "save", save)
+    line = fails_with(train, cfg, capsys, "No space left on device", "free space")
+    assert "Traceback" not in capsys.readouterr().err
+    monkeypatch.setattr(checkpoints_module.torch, "save", real_save)
+    (kept,) = checkpoints(cfg)
+    torch.load(kept, weights_only=True)  # the previous checkpoint, whole
+    assert not list(kept.parent.glob(".*tmp*")), f"no partial file left ({line})"
+{%- if cookiecutter.examples == "language" %}
+
+
+def test_an_unreadable_data_folder_is_named(
+    train_config: ComposeFn, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A subfolder of the corpus that cannot be listed (as `chmod 000` makes it for a user other
+    than root) is an error naming it, not a corpus with fewer files or "no bytes"."""
+    corpus = tmp_path / "corpus"
+    (corpus / "closed").mkdir(parents=True)
+    (corpus / "open.txt").write_text("some text " * 1000)
+    real_scandir = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if Path(path) == corpus / "closed":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    cfg = train_config(*SHORT_RUN, f"data.source={corpus}")
+    fails_with(train, cfg, capsys, "cannot read", "closed", "Permission denied")
+{%- endif %}
 
 
 def test_nan_gradient_stops_the_run_naming_the_step(train_config: ComposeFn) -> None:

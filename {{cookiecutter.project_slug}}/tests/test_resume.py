@@ -3,6 +3,8 @@ not trained again. Kills and signals in every phase: test_kill_*.py and test_sto
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 from pathlib import Path
@@ -18,7 +20,9 @@ from {{ cookiecutter.package_name }}.checkpoints import (
 from {{ cookiecutter.package_name }}.run_names import run_name
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn
+from .helpers import PACKAGE, ComposeFn, run_cli
+
+QUICK = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
 {%- if cookiecutter.examples == "language" %}
 
 SHORT_RUN = [
@@ -27,11 +31,16 @@ SHORT_RUN = [
 ]  # fmt: skip
 # A step that a validation follows.
 VALIDATION_STEP = 2
+# The stopping limit of a run extended once it has finished, and the steps it ends at.
+LIMITS = ("trainer.max_steps=4", "trainer.max_steps=8")
+STEPS = (4, 8)
 {%- else %}
 
 SHORT_RUN = ["trainer.max_epochs=1", "trainer.limit_train_batches=3"]
 # A step that a validation follows: the epoch's last.
 VALIDATION_STEP = 3
+LIMITS = ("trainer.max_epochs=1", "trainer.max_epochs=2")
+STEPS = (3, 6)
 {%- endif %}
 
 
@@ -79,6 +88,29 @@ def test_finished_run_is_not_trained_again(train_config: ComposeFn) -> None:
     written = last.stat().st_mtime_ns
     assert train(cfg) == pytest.approx(first)
     assert last.stat().st_mtime_ns == written
+
+
+def test_a_finished_run_is_extended_by_a_higher_limit_and_extend_true(tmp_path: Path) -> None:
+    """The same run directory trains on from its finished checkpoint to the new limit; without
+    extend=true the new limit is refused with a line that names the setting."""
+    base = [*QUICK, "run_name=grow", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+            *(o for o in SHORT_RUN if not o.startswith(("trainer.max_epochs", "trainer.max_steps")))]  # fmt: skip
+    last = tmp_path / "logs" / "train" / "runs" / "grow" / "checkpoints" / "last.ckpt"
+    first = run_cli("-m", PACKAGE, *base, LIMITS[0], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert torch.load(last, weights_only=True)["global_step"] == STEPS[0]
+
+    refused = run_cli("-m", PACKAGE, *base, LIMITS[1], cwd=tmp_path)
+    assert refused.returncode == 1
+    (line,) = refused.stderr.strip().splitlines()
+    assert LIMITS[1] in line and "extend=true" in line
+
+    for _ in range(2):  # extended, then the same command again: nothing more to train
+        extended = run_cli("-m", PACKAGE, *base, LIMITS[1], "extend=true", cwd=tmp_path)
+        assert extended.returncode == 0, extended.stderr[-3000:]
+        assert torch.load(last, weights_only=True)["global_step"] == STEPS[1]
+        metrics = json.loads((last.parents[1] / "metrics.json").read_text())
+        assert math.isfinite(metrics["test/loss"])
 
 
 def test_step_checkpoints_can_follow_the_clock(train_config: ComposeFn) -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }} import runtime
 from {{ cookiecutter.package_name }}.callbacks.throughput import (
     peak_tflops,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.runtime import (
+    cpu_has_fast_bf16,
     resolve_accelerator,
     resolve_precision,
 )
@@ -48,6 +51,45 @@ def test_unknown_precision_is_refused() -> None:
 def test_gpu_without_cuda_is_refused() -> None:
     with pytest.raises(ConfigError, match="trainer=cpu"):
         resolve_accelerator("gpu")
+
+
+@pytest.mark.parametrize(("cuda_build", "says"), [("12.8", "sees no GPU"), (None, "CPU build")])
+def test_gpu_asked_for_says_whether_torch_or_the_machine_lacks_it(
+    monkeypatch: pytest.MonkeyPatch, cuda_build: str | None, says: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda_build)
+    with pytest.raises(ConfigError, match=says) as refused:
+        resolve_accelerator("gpu")
+    assert ("install a CUDA build" in str(refused.value)) == (cuda_build is None)
+
+
+CPUINFO = {
+    "x86 without bf16": ("flags\t\t: fpu sse avx2 avx512f\n", False),
+    "x86 with AVX512-BF16": ("flags\t\t: fpu avx512f avx512_bf16\n", True),
+    "x86 with AMX": ("flags\t\t: fpu amx_bf16 amx_tile\n", True),
+    "ARM with BF16": ("Features\t: fp asimd bf16 i8mm\n", True),
+    "ARM without": ("Features\t: fp asimd\n", False),
+    "no feature lines": ("processor\t: 0\n", True),
+}
+
+
+@pytest.mark.parametrize("cpu", list(CPUINFO))
+def test_cpu_bf16_support_is_read_from_its_features(cpu: str) -> None:
+    text, fast = CPUINFO[cpu]
+    assert cpu_has_fast_bf16(text) is fast
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fast: bool
+) -> None:
+    monkeypatch.setattr(runtime, "cpu_has_fast_bf16", lambda: fast)
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
+        assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+        resolve_precision("32-true", "cpu")
+    slow = [r for r in caplog.records if "slower than 32-true" in r.getMessage()]
+    assert len(slow) == (0 if fast else 1)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +162,7 @@ def test_unknown_config_option_fails_with_the_choices(tmp_path: Path) -> None:
     result = run_cli("-m", PACKAGE, "data=nope", cwd=tmp_path)
     assert result.returncode == 1
     assert "Could not find 'data/nope'" in result.stderr
-    assert "Available options" in result.stderr
+    assert "Choose one of: " in result.stderr
 
 
 def test_eval_of_a_missing_checkpoint_is_one_clear_error(tmp_path: Path) -> None:

@@ -225,6 +225,8 @@ def test_a_grid_extended_by_one_value_trains_each_point_once_in_its_own_director
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
     sweeps = sorted((tmp_path / "logs" / "train" / "multiruns").iterdir())
+    assert len(sweeps) == 2
+    assert not [s.name for s in sweeps if "print_config" in s.name], "named as run directories are"
     rows = [row for sweep in sweeps for row in summary_rows(sweep)]
     assert sorted(row["overrides"] for row in rows) == ["seed=1"] * 2 + ["seed=2"] * 2 + ["seed=3"]
     assert all(row["status"] == "COMPLETED" for row in rows)

@@ -127,6 +127,13 @@ def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
 def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
     """A checkpoint given on the command line, loaded safely (weights_only=True), or one error
     saying what is wrong. Full unpickling, which runs code from the file, needs `trust`."""
+    if path.is_dir():
+        inside = sorted(path.glob("**/*.ckpt"), key=lambda p: p.stat().st_mtime)
+        example = inside[-1] if inside else path / "checkpoints" / "last.ckpt"
+        raise ConfigError(
+            f"ckpt_path={path} is a folder: pass a checkpoint file"
+            f"{' in it' if inside else ''}, e.g. ckpt_path={example}"
+        )
     if not path.is_file():
         raise ConfigError(
             f"ckpt_path={path} does not exist. Pass a checkpoint file, e.g. "

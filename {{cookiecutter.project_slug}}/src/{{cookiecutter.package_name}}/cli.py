@@ -11,10 +11,12 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from . import command_errors
 from .errors import ConfigError, TrainingError
-from .run_names import register_run_name_resolver
+from .run_names import pasteable, register_run_name_resolver
 
 register_run_name_resolver()
+command_errors.install()
 
 
 def share_config_store_when_copied() -> None:
@@ -35,7 +37,7 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-HYDRA_START_FILES = (".hydra", "train.log", "eval.log", "debug.log", "run_overrides.json")
+HYDRA_START_FILES = (".hydra", "train.log", "eval.log", "debug.log", "run_overrides.json", ".lock")
 
 
 def remove_unused_run_dir() -> None:
@@ -48,6 +50,8 @@ def remove_unused_run_dir() -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
+    from . import run_lock
+
     try:
         folder = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # no Hydra run (a test composing configs), or no output directory
@@ -57,6 +61,8 @@ def remove_unused_run_dir() -> None:
         return  # never the folder the command runs in (hydra.run.dir=.), nor one above it
     if any(path.name not in HYDRA_START_FILES for path in folder.iterdir()):
         return
+    if run_lock.holder(folder) is not None:
+        return  # another process's live run
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.close()
@@ -80,18 +86,36 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
                 f"{', '.join(missing)} must be set: add e.g. {missing[0]}=... to the command."
             )
         metrics = task(cfg)
-    except (ConfigError, TrainingError) as error:
+    except (ConfigError, TrainingError, OSError) as error:
+        line = command_errors.one_line(error) if isinstance(error, OSError) else str(error)
+        if line is None:
+            raise
         if in_multirun():
             raise  # Hydra marks this job failed, runs the others, then exits with code 1
         remove_unused_run_dir()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(1)
     name = cfg.get("optimized_metric")
     return metrics.get(name) if name else None
 
 
+def paste_back_arguments() -> None:
+    """Paths the project prints (run directories are named `key=value,...`) work pasted back."""
+    sys.argv[1:] = [pasteable(argument) for argument in sys.argv[1:]]
+
+
+def train() -> None:
+    paste_back_arguments()
+    train_main()
+
+
+def evaluate() -> None:
+    paste_back_arguments()
+    evaluate_main()
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
-def train(cfg: DictConfig) -> float | None:
+def train_main(cfg: DictConfig) -> float | None:
     """Train, then test the best checkpoint; returns `optimized_metric` for sweepers."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -110,7 +134,7 @@ def train(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
-def evaluate(cfg: DictConfig) -> float | None:
+def evaluate_main(cfg: DictConfig) -> float | None:
     """Test a checkpoint written by `train`."""
     from .evaluate import evaluate as run_evaluation
 

@@ -10,6 +10,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from . import run_lock
 from .checkpoints import read_checkpoint
 from .errors import ConfigError
 from .loggers import instantiate_callbacks, instantiate_loggers
@@ -17,6 +18,7 @@ from .recipe_steps import (
     build_trainer,
     config_errors,
     exit_143_on_stop_signals,
+    resolve_machine,
     scalars,
     write_metrics,
 )
@@ -37,6 +39,12 @@ def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, An
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
+    with run_lock.hold(Path(cfg.paths.output_dir)):
+        return test_checkpoint(cfg)
+
+
+def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
+    machine = resolve_machine(cfg)
     ckpt_path = Path(str(cfg.ckpt_path)).expanduser().resolve()
     trust = bool(cfg.get("trust_checkpoint"))
     stored = read_run_config(read_checkpoint(ckpt_path, trust=trust), ckpt_path)
@@ -51,7 +59,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         model = instantiate(model_cfg)
         loggers = instantiate_loggers(cfg.get("logger"))
         callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-        trainer = build_trainer(cfg, callbacks, loggers)
+        trainer = build_trainer(cfg, machine, callbacks, loggers)
     log.info("Testing %s", ckpt_path)
     # Lightning asks for the training callbacks, to restore their state; testing needs none of it.
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")

@@ -57,6 +57,19 @@ class CSVLogger(loggers.CSVLogger):
             self._experiment = ColumnKeepingWriter(log_dir=self.log_dir)
         return self._experiment
 
+{%- if cookiecutter.logger == "wandb" %}
+
+
+class WandbLogger(loggers.WandbLogger):
+    """Lightning's WandbLogger without the `anonymous=None` it passes to `wandb.init`, which
+    wandb answers with a deprecation warning on every run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
+{%- endif %}
+
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:
     """Instantiate each named entry (`name: {_target_: ...}`) of a callbacks or logger group."""

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,30 @@ def trainer_plugins() -> list[Any]:
     return plugins
 
 
-def build_trainer(cfg: DictConfig, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
+@dataclass(frozen=True)
+class Machine:
+    """The accelerator and precision a run uses, resolved from `auto` and checked against this
+    machine before the run writes anything."""
+
+    accelerator: str
+    precision: str
+
+
+def resolve_machine(cfg: DictConfig) -> Machine:
     accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
-    precision = resolve_precision(str(cfg.trainer.precision), accelerator)
+    return Machine(accelerator, resolve_precision(str(cfg.trainer.precision), accelerator))
+
+
+def build_trainer(
+    cfg: DictConfig, machine: Machine, callbacks: list[Any], loggers: list[Any]
+) -> L.Trainer:
     configure_matmul_precision(cfg.get("matmul_precision"))
     use_hydra_logging_only()
-    log.info("Accelerator %s, precision %s", accelerator, precision)
+    log.info("Accelerator %s, precision %s", machine.accelerator, machine.precision)
     return instantiate(
         cfg.trainer,
-        accelerator=accelerator,
-        precision=precision,
+        accelerator=machine.accelerator,
+        precision=machine.precision,
         callbacks=callbacks,
         logger=loggers or False,
         plugins=trainer_plugins(),

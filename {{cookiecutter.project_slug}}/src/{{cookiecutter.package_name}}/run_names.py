@@ -35,6 +35,28 @@ def run_name(explicit: str | None, override_dirname: str) -> str:
     return safe_name(override_dirname) if override_dirname else "default"
 
 
+def identifying(overrides: list[str] | tuple[str, ...], excluded: list[str]) -> list[str]:
+    """The overrides that change what is trained, sorted: those whose key is not in `excluded`
+    (Hydra's `override_dirname.exclude_keys`)."""
+    return sorted(o for o in overrides if o.split("=")[0].lstrip("+~") not in set(excluded))
+
+
+def pasteable(argument: str) -> str:
+    """A path the project printed, pasted back as a value (`ckpt_path=runs/lr=0.1,seed=2/...`), or
+    a non-ASCII value, quoted so that Hydra's override grammar takes it as it is. A value already
+    quoted or holding grammar of its own is left as typed."""
+    key, equals, value = argument.partition("=")
+    if argument.startswith("-") or not equals or not value or value[0] in "'\"[{$":
+        return argument
+    if any(c in value for c in "'\"\\"):
+        return argument
+    if "=" in value:
+        return f"{key}='{value}'"
+    if not value.isascii():
+        return f"{key}=" + ",".join(f"'{part}'" for part in value.split(","))
+    return argument
+
+
 def resolve_run_name(*, _root_: DictConfig) -> str:
     """`${run_name:}` in hydra.run.dir: this command's run name."""
     return run_name(_root_.get("run_name"), HydraConfig.get().job.override_dirname)
@@ -48,7 +70,8 @@ def resolve_sweep_name(*, _root_: DictConfig) -> str:
     cached = os.environ.get(SWEEP_NAME_VARIABLE)
     if cached:
         return cached
-    overrides = ",".join(sorted(str(o) for o in _root_.hydra.overrides.task))
+    excluded = list(_root_.hydra.job.config.override_dirname.exclude_keys)
+    overrides = ",".join(identifying([str(o) for o in _root_.hydra.overrides.task], excluded))
     name = run_name(_root_.get("run_name"), overrides)
     os.environ[SWEEP_NAME_VARIABLE] = name
     return name

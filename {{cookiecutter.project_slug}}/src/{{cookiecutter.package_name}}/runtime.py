@@ -7,6 +7,10 @@ import logging
 {%- if cookiecutter.logger == "wandb" %}
 import netrc
 import os
+{%- endif %}
+import warnings
+from pathlib import Path
+{%- if cookiecutter.logger == "wandb" %}
 from urllib.parse import urlparse
 {%- endif %}
 
@@ -28,10 +32,17 @@ def resolve_accelerator(requested: str) -> str:
             return "mps"
         return "cpu"
     if requested in ("gpu", "cuda") and not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            raise ConfigError(
+                f"trainer.accelerator={requested} but torch {torch.__version__} is a CPU build. "
+                "Use trainer=cpu, or on a machine with an NVIDIA GPU install a CUDA build of "
+                "torch (make install)."
+            )
         raise ConfigError(
-            f"trainer.accelerator={requested} but no CUDA GPU is visible to torch "
-            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}). "
-            "Use trainer=cpu, or install a CUDA build of torch."
+            f"trainer.accelerator={requested} but torch {torch.__version__} (built for CUDA "
+            f"{torch.version.cuda}) sees no GPU: this machine has none, its driver is not "
+            "loaded, or CUDA_VISIBLE_DEVICES hides them (nvidia-smi tells which). Use trainer=cpu "
+            "here."
         )
     if requested == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("trainer.accelerator=mps but MPS is not available; use trainer=cpu.")
@@ -57,6 +68,12 @@ def resolve_precision(requested: str, accelerator: str) -> str:
             f"trainer.precision={requested} does not work on CPU (16-mixed silently runs as "
             "bf16, 16-true gives NaN losses); use bf16-mixed or 32-true."
         )
+    if accelerator == "cpu" and requested.startswith("bf16") and not cpu_has_fast_bf16():
+        log.warning(
+            "trainer.precision=%s on this CPU runs many times slower than 32-true: it has no "
+            "bf16 matrix instructions (AMX or AVX512-BF16). Use 32-true on this machine.",
+            requested,
+        )
     if (
         on_cuda
         and requested.startswith("bf16")
@@ -69,10 +86,49 @@ def resolve_precision(requested: str, accelerator: str) -> str:
     return requested
 
 
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (x86 AMX or AVX512-BF16, ARM BF16), from
+    /proc/cpuinfo; True where that cannot be read, so that no warning rests on a guess."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    lines = [line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))]
+    features = {word for line in lines for word in line.partition(":")[2].split()}
+    return not lines or bool(features & {"amx_bf16", "avx512_bf16", "bf16"})
+
+
+# Lines third-party libraries print on every run that tell a user of this project nothing.
+NOISE = (
+    "Tip: For seamless cloud",  # Lightning advertising litlogger and litmodels
+    "Trainer already configured with model summary callbacks",
+)
+NOISY_WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning on torch 2.10+
+    # Testing or resuming in a run directory other than the one that saved the checkpoint:
+    # ModelCheckpoint's ranking of that run's files means nothing here, as it says.
+    r"The dirpath has changed from",
+)
+
+
+class DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not any(noise in message for noise in NOISE)
+
+
 def use_hydra_logging_only() -> None:
     """`import lightning` gives the "lightning" logger a console handler of its own; under Hydra,
-    whose root handlers already print (and write the run's log file), each line would print twice."""
+    whose root handlers already print (and write the run's log file), each line would print twice.
+    Lines and warnings in NOISE are dropped where they are made."""
     logging.getLogger("lightning").handlers.clear()
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        source = logging.getLogger(name)
+        if not any(isinstance(f, DropNoise) for f in source.filters):
+            source.addFilter(DropNoise())
+    for pattern in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
 
 
 def configure_matmul_precision(setting: str | None) -> None:

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from . import stop_signals
+from . import run_lock, stop_signals
 from .callbacks import ExactResume, RunConfigInCheckpoint
 from .callbacks.exact_resume import fit_state
 from .callbacks.preemption import stop
@@ -30,14 +30,19 @@ from .recipe_steps import (
     build_trainer,
     config_errors,
     exit_143_on_stop_signals,
+    resolve_machine,
     scalars,
     write_json,
     write_metrics,
 )
+from .run_names import identifying
 from .run_settings import check_run_settings
+from .runtime import use_hydra_logging_only
 from .targets import check_targets
 
 log = logging.getLogger(__name__)
+
+STOPPING_KEYS = ("trainer.max_epochs", "trainer.max_steps", "trainer.max_time")
 
 
 def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
@@ -98,37 +103,45 @@ def identifying_overrides() -> list[str] | None:
     if not HydraConfig.initialized():
         return None
     hydra = HydraConfig.get()
-    excluded = set(hydra.job.config.override_dirname.exclude_keys)
-    return sorted(o for o in hydra.overrides.task if o.split("=")[0].lstrip("+~") not in excluded)
+    return identifying(hydra.overrides.task, list(hydra.job.config.override_dirname.exclude_keys))
 
 
 def check_run_identity(cfg: DictConfig) -> None:
     """A run directory holds one run. The overrides it was started with are recorded in it, and a
     different command that comes to the same directory (an explicit run_name=..., an Optuna trial of
-    another study) is refused instead of resumed or taken as finished."""
+    another study) is refused instead of resumed or taken as finished. `extend=true` may change
+    the stopping limits (train a finished run further); the new ones are recorded."""
     overrides = identifying_overrides()
     if overrides is None or not is_global_zero():
         return
     path = Path(cfg.paths.output_dir) / "run_overrides.json"
     if cfg.get("resume") and path.is_file():
         recorded = json.loads(path.read_text())
-        if recorded != overrides:
-            changed = sorted(set(recorded) ^ set(overrides))
+        changed = sorted(set(recorded) ^ set(overrides))
+        if cfg.get("extend"):
+            changed = [o for o in changed if o.split("=")[0].lstrip("+~") not in STOPPING_KEYS]
+        if changed:
+            only_limits = all(o.split("=")[0].lstrip("+~") in STOPPING_KEYS for o in changed)
+            extend = " To train that run further with the new limit, add extend=true." * only_limits
             raise ConfigError(
                 f"{path.parent} holds a run of other settings ({' '.join(changed)} differ): pick "
-                "another run_name=..., or delete that directory to start over."
+                f"another run_name=..., or delete that directory to start over.{extend}"
             )
-        return
+        if recorded == overrides:
+            return
     write_json(overrides, path)
 
 
 def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
     path = Path(cfg.paths.output_dir) / "metrics.json"
+    if cfg.get("extend") and is_global_zero():
+        path.unlink(missing_ok=True)  # written again once the extended run has finished
     if not cfg.get("resume") or not path.is_file():
         return None
     log.info(
-        "This run already finished (%s): not training again. Pick another run_name=..., or "
-        "delete that directory, to train again.",
+        "This run already finished (%s): not training again. To train it further, raise "
+        "trainer.max_epochs (or max_steps) and add extend=true; to train anew, pick another "
+        "run_name=... or delete that directory.",
         path,
     )
     return {name: float(value) for name, value in json.loads(path.read_text()).items()}
@@ -146,48 +159,53 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
         return None
     path = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
     progress.fit_finished, progress.best_model_path = True, best_checkpoint(trainer)
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, weights_only=False)
     return str(path)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     check_targets(cfg, cfg.get("allowed_targets") or ())
     check_run_settings(cfg)
-    check_run_identity(cfg)
-    done = finished_metrics(cfg)
-    if done is not None:
-        return done
-    with exit_143_on_stop_signals():
-        return fit_and_test(cfg)
+    with run_lock.hold(Path(cfg.paths.output_dir)):
+        check_run_identity(cfg)
+        done = finished_metrics(cfg)
+        if done is not None:
+            return done
+        with exit_143_on_stop_signals():
+            return fit_and_test(cfg)
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    use_hydra_logging_only()
+    machine = resolve_machine(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     progress = ExactResume()
     with config_errors():
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
+    start = starting_checkpoint(cfg, model)
+    with config_errors():
         loggers = instantiate_loggers(cfg.get("logger"))
         callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
         callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
-        trainer = build_trainer(cfg, callbacks, loggers)
+        trainer = build_trainer(cfg, machine, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]
 
-    start = starting_checkpoint(cfg, model)
     finished = (
         fit_state(torch.load(start.path, weights_only=True, mmap=True))
         if start.resumed and start.path
         else {}
     )
-    if finished.get("fit_finished"):
+    if finished.get("fit_finished") and not cfg.get("extend"):
         log.info("Training had finished (%s): testing only.", start.path)
         metrics, best, saved = dict(finished["metrics"]), finished["best_model_path"], start.path
     else:
         progress.restores_progress = start.resumed
+        progress.restores_stop = not finished.get("fit_finished")
         trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
         metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
         saved = save_finished_fit(trainer, progress, cfg)

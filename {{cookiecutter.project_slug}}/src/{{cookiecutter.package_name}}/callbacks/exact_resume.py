@@ -100,6 +100,8 @@ class ExactResume(Callback):
         # Off when training starts from another run's checkpoint (`ckpt_path=`): its decision to
         # stop and its metrics are that run's.
         self.restores_progress = True
+        # Off when a finished run is trained further (`extend=true`): its decision to stop ended it.
+        self.restores_stop = True
         self.best_model_path = ""
         self.training_metrics: set[str] = set()
         self._metrics: dict[str, Metric] = {}
@@ -112,7 +114,7 @@ class ExactResume(Callback):
         if self.pending is None:
             return
         if self.restores_progress:
-            trainer.should_stop = bool(self.pending.get("should_stop", False))
+            trainer.should_stop = self.restores_stop and bool(self.pending.get("should_stop"))
             metrics = self.pending["metrics"].items()
             trainer.callback_metrics.update({name: torch.tensor(v) for name, v in metrics})
         if self.pending["epoch"] != trainer.current_epoch:

@@ -127,5 +127,5 @@ class Preemption(Checkpoint):
         received = stop_signals.received()
         name = received.name if received else "a signal on another rank"
         log.warning("Received %s: saving %s at step %d.", name, self.path, trainer.global_step)
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)
         raise stop(trainer, f"at step {trainer.global_step}", self.path, self.requeue)

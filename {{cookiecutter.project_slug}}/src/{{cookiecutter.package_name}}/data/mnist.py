@@ -36,7 +36,13 @@ MEAN, STD = 0.1307, 0.3081
 
 def read_idx(path: Path) -> torch.Tensor:
     """Read an IDX file of unsigned bytes (the MNIST format), gzipped or not."""
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise ConfigError(
+            f"cannot read {path} ({reason}): make it readable, or delete it and download again."
+        ) from error
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise ConfigError(
             f"{path} is not an IDX file of unsigned bytes; delete it and download again."

@@ -8,6 +8,7 @@ is read as non-overlapping windows of `block_size + 1` bytes.
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -52,18 +53,46 @@ def corpus_files(source: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file())
+        return files_under(path, source)
     raise ConfigError(
         f"data.source={source} is neither a file nor a folder. Point it at a text file or a "
         "folder of text files, or use data.source=stdlib."
     )
 
 
+def unreadable(path: Path | str, error: OSError, source: str) -> ConfigError:
+    return ConfigError(
+        f"data.source={source}: cannot read {path} ({error.strerror or error}). Make it "
+        "readable, or point data.source at other text."
+    )
+
+
+def files_under(folder: Path, source: str) -> list[Path]:
+    """Every file under `folder`, sorted; a subfolder that cannot be listed is an error, not
+    silently skipped."""
+
+    def refuse(error: OSError) -> None:
+        raise unreadable(error.filename or folder, error, source)
+
+    files = [
+        Path(root) / name
+        for root, _, names in os.walk(folder, onerror=refuse)
+        for name in names
+        if (Path(root) / name).is_file()
+    ]
+    if not files:
+        raise ConfigError(f"data.source={source} is a folder with no files in it.")
+    return sorted(files)
+
+
 def read_corpus(source: str, max_bytes: int | None) -> torch.Tensor:
     chunks: list[bytes] = []
     total = 0
     for path in corpus_files(source):
-        chunk = path.read_bytes()
+        try:
+            chunk = path.read_bytes()
+        except OSError as error:
+            raise unreadable(path, error, source) from error
         if max_bytes is not None:
             chunk = chunk[: max_bytes - total]
         chunks.append(chunk)

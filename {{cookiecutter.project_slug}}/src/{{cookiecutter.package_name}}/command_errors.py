@@ -1,0 +1,101 @@
+"""Errors met before a run starts (an override Hydra cannot parse, a key that does not exist, a
+config file that is not YAML, a folder that cannot be written) as one `error:` line, exit code 1.
+HYDRA_FULL_ERROR=1 still shows Hydra's own report with its stack trace. No torch here."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from hydra._internal import utils as hydra_utils
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
+
+NOT_WRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+HYDRA_FOOTERS = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")
+APPEND_HINT = "To append to your config"
+GRAMMAR_PAGE = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of a message, each ending as a sentence, without Hydra's footers."""
+    return [
+        line if line.endswith((".", ":", "!", "?")) else f"{line}."
+        for line in (raw.strip() for raw in text.splitlines())
+        if line and not line.startswith(HYDRA_FOOTERS)
+    ]
+
+
+def not_writable(error: OSError) -> str:
+    where = f" {error.filename}" if error.filename else ""
+    reason = error.strerror or os.strerror(error.errno or 0)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        todo = "free space there, or write elsewhere with paths.log_dir=<folder>"
+    else:
+        todo = "make it writable, or write elsewhere with paths.log_dir=<folder>"
+    return f"cannot write{where} ({reason}): {todo}."
+
+
+def one_line(error: BaseException) -> str | None:
+    """The one line that reports `error`, or None for an error that is a bug (kept as a trace)."""
+    if isinstance(error, OverrideParseException):
+        problem = lines_of(error.message)[0].rstrip(".") if error.message.strip() else "?"
+        return (
+            f"cannot parse the override {error.override!r} ({problem}). Quote a value holding "
+            f"special characters, e.g. key='a=b c' (see {GRAMMAR_PAGE})."
+        )
+    if isinstance(error, MissingConfigException) and error.options:
+        what = lines_of(str(error))[0]
+        return f"{what} Choose one of: {', '.join(sorted(error.options))}."
+    if isinstance(error, HydraException):
+        parts = lines_of(str(error))
+        cause = error.__cause__
+        if isinstance(cause, OmegaConfBaseException):
+            parts += [line for line in lines_of(str(cause)) if ":" not in line and "=" not in line]
+        appends = [part for part in parts if part.startswith(APPEND_HINT)]
+        if appends:
+            new_key = appends[0].removeprefix(APPEND_HINT).strip().rstrip(".")
+            parts = [part for part in parts if part not in appends]
+            parts.append(
+                f"Check the spelling (--cfg job prints every key); to add a key, {new_key}."
+            )
+        return " ".join(parts)
+    if isinstance(error, OmegaConfBaseException):
+        what = lines_of(str(error))[0]
+        return what + " Check the interpolations (${name}) in the command and the configs."
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        where = f"{mark.name}, line {mark.line + 1}" if mark else "a config file"
+        return f"{where} is not valid YAML ({error.problem or error.context}): fix or remove it."
+    if isinstance(error, OSError) and error.errno in NOT_WRITABLE:
+        return not_writable(error)
+    return None
+
+
+def report_in_one_line(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def run_and_report(func: Any) -> Any:
+        def reported_in_one_line() -> Any:
+            try:
+                return func()
+            except Exception as error:
+                line = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else one_line(error)
+                if line is None:
+                    raise  # Hydra's own report
+                print(f"error: {line}", file=sys.stderr)
+                sys.exit(1)
+
+        return original(reported_in_one_line)
+
+    return run_and_report
+
+
+def install() -> None:
+    """Hydra reports errors from parsing, composing and starting a job through one function."""
+    if not getattr(hydra_utils.run_and_report, "one_line", False):
+        replacement = report_in_one_line(hydra_utils.run_and_report)
+        replacement.one_line = True  # type: ignore[attr-defined]
+        hydra_utils.run_and_report = replacement  # type: ignore[assignment]

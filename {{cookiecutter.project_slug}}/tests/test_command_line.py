@@ -1,0 +1,203 @@
+"""The command line as a user types it: Hydra's own errors in one line, paths the project prints
+pasted back, one live command per run directory, and a console without third-party noise."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.run_names import pasteable
+
+from .helpers import PACKAGE, run_cli
+from .killing import COMMON, SMALL_SHAPE, fault, run, start
+
+QUICK = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
+{%- if cookiecutter.examples == "language" %}
+TINY = [*QUICK, "model.net.n_layer=1", "data.max_bytes=100000", "trainer.max_steps=4",
+        "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]  # fmt: skip
+{%- else %}
+TINY = [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=4",
+        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]  # fmt: skip
+{%- endif %}
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def not_writable_folder(tmp_path: Path) -> Path:
+    """A folder that even root cannot create: under /sys where it is read-only, else under a file."""
+    try:
+        os.mkdir("/sys/lightning-hydra-probe")
+    except OSError as error:
+        if error.errno in (errno.EPERM, errno.EROFS, errno.EACCES):
+            return Path("/sys/lightning-hydra-probe")
+    (tmp_path / "a_file").write_text("not a folder")
+    return tmp_path / "a_file" / "logs"
+
+
+COMMAND_LINE_CASES = {
+    "typo in a nested key": (["model.optimizer.lrr=0.1"], ["model.optimizer.lrr", "+model.optimizer.lrr=0.1"]),
+    "typo in a top-level key": (["sed=3"], ["'sed'", "+sed=3"]),
+    "unknown option of a group": (["model=nope"], ["model/nope", "Choose one of"]),
+    "unknown group": (["optimiser=adam"], ["optimiser"]),
+    "unparsable override": (["trainer.max_epochs=[1"], ["'trainer.max_epochs=[1'", "Quote"]),
+    "unclosed quote": (["run_name='abc"], ["run_name='abc", "Quote"]),
+    "interpolation to nothing": (["seed=${nothing}"], ["nothing"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(COMMAND_LINE_CASES))
+def test_hydras_errors_are_one_line_and_write_nothing(case: str, tmp_path: Path) -> None:
+    args, fragments = COMMAND_LINE_CASES[case]
+    line = one_error_line(run_cli("-m", PACKAGE, *QUICK, *args, cwd=tmp_path))
+    for fragment in fragments:
+        assert fragment in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_file_that_is_not_yaml_is_named_in_one_line(tmp_path: Path) -> None:
+    """A broken `local/default.yaml` (the git-ignored machine settings), found on a config dir."""
+    (tmp_path / "configs" / "local").mkdir(parents=True)
+    broken = tmp_path / "configs" / "local" / "default.yaml"
+    broken.write_text("trainer:\n  devices: [1\n")
+    result = run_cli("-m", PACKAGE, "--config-dir", str(tmp_path / "configs"), *QUICK, cwd=tmp_path)
+    line = one_error_line(result)
+    assert str(broken) in line and "not valid YAML" in line
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_log_folder_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    folder = not_writable_folder(tmp_path)
+    line = one_error_line(run_cli("-m", PACKAGE, *TINY, f"paths.log_dir={folder}", cwd=tmp_path))
+    assert "cannot write" in line and "paths.log_dir" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")
+def test_a_machine_that_cannot_run_the_settings_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """With the project's default logger, which writes its folder when it starts."""
+    result = run_cli("-m", PACKAGE, "trainer=gpu", "extras.print_config=false", cwd=tmp_path)
+    assert "trainer=cpu" in one_error_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_full_errors_stay_available(tmp_path: Path) -> None:
+    result = run_cli("-m", PACKAGE, "sed=3", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 1 and "Traceback" in result.stderr
+
+
+PASTED = {
+    "run directory with overrides": ("ckpt_path=logs/train/runs/a=1,b=2/last.ckpt", "ckpt_path='logs/train/runs/a=1,b=2/last.ckpt'"),
+    "non-ASCII name": ("run_name=été", "run_name='été'"),
+    "non-ASCII sweep": ("run_name=é,ü", "run_name='é','ü'"),
+    "already quoted": ("run_name='a=b'", "run_name='a=b'"),
+    "plain value": ("seed=3", "seed=3"),
+    "sweep": ("seed=1,2", "seed=1,2"),
+    "interpolation": ("x=${oc.env:A,b=c}", "x=${oc.env:A,b=c}"),
+    "flag": ("--config-dir=/a=b", "--config-dir=/a=b"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PASTED))
+def test_pasted_values_are_quoted_for_hydra(case: str) -> None:
+    typed, passed = PASTED[case]
+    assert pasteable(typed) == passed
+
+
+def test_printed_paths_and_non_ascii_names_work_pasted_back(tmp_path: Path) -> None:
+    """The run directory of a run with overrides, as the "Outputs in" line prints it, pasted into
+    eval and into ckpt_path; two non-ASCII names that differ get two directories."""
+    trained = run_cli("-m", PACKAGE, *TINY, "seed=3", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    console = trained.stdout + trained.stderr
+    (outputs,) = [line for line in console.splitlines() if "Outputs in " in line]
+    run_dir = outputs.split("Outputs in ", 1)[1].strip()
+    assert "=" in Path(run_dir).name and "," in Path(run_dir).name
+    checkpoint = f"ckpt_path={run_dir}/checkpoints/last.ckpt"
+    evaluated = run_cli("-c", f"from {PACKAGE}.cli import evaluate; evaluate()", checkpoint,
+                        "trainer=cpu", "logger=none", cwd=tmp_path)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "test/loss=" in evaluated.stdout + evaluated.stderr
+    for name in ("été", "ete\u0301", "x" * 300):
+        named = run_cli("-m", PACKAGE, *TINY, f"run_name={name}", cwd=tmp_path)
+        assert named.returncode == 0, named.stderr[-3000:]
+        assert "already finished" not in named.stdout + named.stderr
+    runs = tmp_path / "logs" / "train" / "runs"
+    assert len(list(runs.iterdir())) == 4
+
+
+def test_a_second_command_on_a_live_run_directory_is_refused(tmp_path: Path) -> None:
+    """The first command holds the run directory while it lives (here stopped with SIGSTOP at its
+    second step); the same command started beside it is refused with one line naming the holder's
+    process, and runs once the holder is gone (killed: the lock dies with it)."""
+    marker = tmp_path / "holding"
+    command = [*COMMON, *SMALL_SHAPE, "run_name=shared", *fault("train_step", 2, marker, "SIGSTOP")]
+    first = start(command, tmp_path)
+    try:
+        for _ in range(1200):
+            if marker.exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert marker.exists(), "the first command reached its second step"
+        code, output = run(command, tmp_path)
+        assert code == 1, output[-3000:]
+        (line,) = [line for line in output.splitlines() if line.startswith("error: ")]
+        assert f"process {first.pid} " in line and "run_name" in line
+        assert (tmp_path / "logs" / "train" / "runs" / "shared" / ".hydra").is_dir(), "kept"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    code, output = run(command, tmp_path)
+    assert code == 0, output[-3000:]
+
+
+NOISE = (
+    "litlogger", "litmodels", "LeafSpec", "dirpath has changed", "anonymous setting",
+    "already configured with model summary", "weights_only` was not set", "INFO: Seed set",
+)  # fmt: skip
+
+
+def test_train_resume_and_eval_print_no_third_party_noise(tmp_path: Path) -> None:
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    logger = "logger={{ 'wandb' if cookiecutter.logger == 'wandb' else 'csv' }}"
+    trained = run_cli("-m", PACKAGE, *TINY, logger, cwd=tmp_path, env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_dir = next((tmp_path / "logs" / "train" / "runs").iterdir())
+    (run_dir / "metrics.json").unlink()  # resumed from its finished checkpoint: tests again
+    resumed = run_cli("-m", PACKAGE, *TINY, logger, cwd=tmp_path, env=env)
+    evaluated = run_cli(
+        "-c", f"from {PACKAGE}.cli import evaluate; evaluate()", "trainer=cpu", logger,
+        f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    for result in (trained, resumed, evaluated):
+        assert result.returncode == 0, result.stderr[-3000:]
+        console = result.stdout + result.stderr
+        assert "Outputs in" in console, "our own lines stay"
+        assert [noise for noise in NOISE if noise in console] == []
+
+
+def test_python_warnings_are_not_silenced_wholesale(tmp_path: Path) -> None:
+    """Only the listed third-party lines go: a warning from the user's own code still shows."""
+    probe = (
+        "import warnings, sys\n"
+        f"from {PACKAGE}.runtime import use_hydra_logging_only\n"
+        "use_hydra_logging_only()\n"
+        "warnings.warn('my own warning')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert "my own warning" in result.stderr
