@@ -171,8 +171,13 @@ NOISE = (
 
 
 def test_train_resume_and_eval_print_no_third_party_noise(tmp_path: Path) -> None:
+{%- if cookiecutter.logger == "wandb" %}
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
-    logger = "logger={{ 'wandb' if cookiecutter.logger == 'wandb' else 'csv' }}"
+    logger = "logger=wandb"
+{%- else %}
+    env: dict[str, str] = {}
+    logger = "logger={{ cookiecutter.logger }}"
+{%- endif %}
     trained = run_cli("-m", PACKAGE, *TINY, logger, cwd=tmp_path, env=env)
     assert trained.returncode == 0, trained.stderr[-3000:]
     run_dir = next((tmp_path / "logs" / "train" / "runs").iterdir())

@@ -14,7 +14,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from {{ cookiecutter.package_name }} import checkpoints as checkpoints_module
+from {{ cookiecutter.package_name }} import (
+    checkpoints as checkpoints_module,
+)
 from {{ cookiecutter.package_name }}.checkpoints import (
     newest_valid_checkpoint,
 )
@@ -32,6 +34,7 @@ SHORT_RUN = [
 ]  # fmt: skip
 MISSING_DATA = ("data.source=/no/such/corpus", "data.source=/no/such/corpus")
 UNREADABLE_DATA = "data.source={dir}/unreadable/train.txt"
+UNREADABLE_FILES = ("train.txt",)
 {%- else %}
 
 SHORT_RUN = [
@@ -40,10 +43,14 @@ SHORT_RUN = [
 ]  # fmt: skip
 MISSING_DATA = ("data=mnist data.data_dir=/no/such/folder data.download=false", "data.data_dir")
 UNREADABLE_DATA = "data=mnist data.data_dir={dir}/unreadable data.download=false"
+UNREADABLE_FILES = tuple(
+    f"{split}-{kind}"
+    for split in ("train", "t10k")
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
+)
 {%- endif %}
 # A file that the kernel refuses to read, even to root (reading it fails with EIO).
 UNREADABLE_FILE = Path("/proc/self/mem")
-MNIST_KINDS = ("images-idx3-ubyte", "labels-idx1-ubyte")
 
 
 def fails_with(
@@ -87,7 +94,7 @@ def written(tmp_path: Path) -> Path:
     run_config = {"data": evil_data, "model": dict(evil_data)}
     torch.save({"run_config": run_config}, folder / "evil_run_config.ckpt")
     (folder / "unreadable").mkdir()
-    for name in ("train.txt", *(f"{s}-{k}" for s in ("train", "t10k") for k in MNIST_KINDS)):
+    for name in UNREADABLE_FILES:
         (folder / "unreadable" / name).symlink_to(UNREADABLE_FILE)
     return folder
 

@@ -23,7 +23,8 @@ def load_script() -> ModuleType:
 
 
 def report(version: str, needs: list[str]) -> dict[str, Any]:
-    return {"metadata": {"version": version, "requires_dist": needs}}
+    metadata = {"version": version, "requires_dist": needs}
+    return {"metadata": metadata}
 
 
 CUDA_WHEEL = report(
