@@ -154,6 +154,10 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/test_scale_out.py",
         "tests/test_command_line.py",
         "tests/test_install_torch.py",
+        "tests/test_slurm.py",
+        "scripts/local_slurm.py",
+        f"src/hydra_plugins/{package}_slurm_launcher/__init__.py",
+        f"src/hydra_plugins/{package}_slurm_launcher/launcher.py",
     }
     files |= {
         f"{configs}/strategy/{name}.yaml"

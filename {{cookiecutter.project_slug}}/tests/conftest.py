@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import DictConfig
 
-from .helpers import ComposeFn, compose_config
+from .helpers import PROJECT_ROOT, ComposeFn, compose_config
 from .killing import References, run
 
 
@@ -57,3 +60,22 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> References:
         return runs[key]
 
     return reference
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A single-node SLURM cluster (scripts/local_slurm.py) for the tests of one worker, and the
+    environment that reaches it; skipped, with the script's reason, where it cannot start."""
+    folder = tmp_path_factory.mktemp("slurm")
+    script = [sys.executable, str(PROJECT_ROOT / "scripts" / "local_slurm.py")]
+    started = subprocess.run([*script, "start", str(folder)], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.skip(f"no local SLURM cluster: {started.stderr.strip()}")
+    bin_dir = str(Path(sys.executable).parent)
+    yield {
+        **os.environ,
+        "SLURM_CONF": str(folder / "slurm.conf"),
+        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run([*script, "stop", str(folder)], capture_output=True, check=False)

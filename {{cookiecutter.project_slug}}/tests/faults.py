@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,13 @@ class NanGradientAt(Callback):
             for param in pl_module.parameters():
                 if param.grad is not None:
                     param.grad.fill_(torch.nan)
+
+
+class SlowSteps(Callback):
+    """Sleeps after every training step, so that a test can signal a run while it trains."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(self.seconds)

@@ -19,7 +19,9 @@ import torch
 from .helpers import PACKAGE, PROJECT_ROOT
 
 TIMING_KEYS = ("perf/",)
-FAULT_TARGETS = "allowed_targets=[tests.faults.FaultAt,tests.faults.RecordBatches]"
+FAULT_TARGETS = (
+    "allowed_targets=[tests.faults.FaultAt,tests.faults.RecordBatches,tests.faults.SlowSteps]"
+)
 {%- if cookiecutter.examples == "language" %}
 
 # A byte-level GPT of one layer: validation every 4 steps, a step checkpoint every 4 (each one

@@ -77,6 +77,14 @@ def resolve_sweep_name(*, _root_: DictConfig) -> str:
     return name
 
 
+def gpus_per_node(*, _root_: DictConfig) -> int | None:
+    """`${gpus_per_node:}` in the SLURM launcher: trainer.devices, and no GPU request for a CPU
+    run (trainer.accelerator=cpu), so CPU partitions need no override."""
+    trainer = _root_.trainer
+    return None if str(trainer.accelerator) == "cpu" else int(trainer.devices)
+
+
 def register_run_name_resolver() -> None:
     OmegaConf.register_new_resolver("run_name", resolve_run_name, replace=True)
     OmegaConf.register_new_resolver("sweep_name", resolve_sweep_name, replace=True)
+    OmegaConf.register_new_resolver("gpus_per_node", gpus_per_node, replace=True)

@@ -109,6 +109,8 @@ NOISY_WARNINGS = (
     # Testing or resuming in a run directory other than the one that saved the checkpoint:
     # ModelCheckpoint's ranking of that run's files means nothing here, as it says.
     r"The dirpath has changed from",
+    # callbacks.ExactResume resumes the loader mid-epoch, which Lightning cannot see.
+    r"You're resuming from a checkpoint that ended before the epoch ended",
 )
 
 

@@ -1,0 +1,181 @@
+"""A throwaway single-node SLURM cluster on this machine, to try the cluster path (hydra/launcher=
+slurm, scripts/slurm.sbatch, preemption and requeue) on a laptop or in CI, and for the tests.
+
+    sudo apt-get install slurmctld slurmd slurm-client     # Debian/Ubuntu, once
+    sudo python scripts/local_slurm.py start /tmp/slurm    # prints: export SLURM_CONF=...
+    export SLURM_CONF=/tmp/slurm/slurm.conf
+    {{ cookiecutter.package_name }}-train -m hydra/launcher=slurm trainer=cpu seed=1,2
+    sudo python scripts/local_slurm.py stop /tmp/slurm
+
+The cluster runs as root without munge, cgroups or accounting (slurmdbd): one node with this
+machine's cores and memory, one partition `local`. Everything it writes stays in the folder.
+Where it cannot start (not root, the packages missing, a daemon that does not come up) it says so
+in one line and exits with code 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DAEMONS = ("slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel")
+PARTITION = "local"
+
+
+class ClusterError(Exception):
+    """The cluster cannot start here; the message says why and what to do."""
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (slurmctld and slurmd)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port < 65535:
+            with socket.socket() as other:
+                try:
+                    other.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise ClusterError("no two free ports next to each other for slurmctld and slurmd.")
+
+
+def memory_mb() -> int:
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(pages // 2**20 * 0.9)
+
+
+def config(folder: Path, host: str, port: int) -> str:
+    cpus = os.cpu_count() or 1
+    return f"""\
+ClusterName=local
+SlurmctldHost={host}
+SlurmctldPort={port}
+SlurmdPort={port + 1}
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+MinJobAge=600
+KillWait=10
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb()} State=UNKNOWN
+PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def environment(folder: Path) -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
+
+
+def node_is_idle(folder: Path) -> bool:
+    shown = subprocess.run(
+        ["sinfo", "--noheader", "--format=%t"],
+        env=environment(folder),
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    return shown.returncode == 0 and shown.stdout.strip() in ("idle", "mix", "alloc")
+
+
+def start(folder: Path, timeout: float = 60.0) -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("the local cluster runs as root: run this script with sudo.")
+    missing = [name for name in (*DAEMONS, *CLIENTS, "sinfo") if shutil.which(name) is None]
+    if missing:
+        raise ClusterError(
+            f"{', '.join(missing)} not found: install them (Debian/Ubuntu: apt-get install "
+            "slurmctld slurmd slurm-client)."
+        )
+    stop(folder, quiet=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    for sub in ("state", "spool"):
+        (folder / sub).mkdir(exist_ok=True)
+    host = socket.gethostname().split(".")[0]
+    (folder / "slurm.conf").write_text(config(folder.resolve(), host, free_port_pair()))
+    conf = str(folder / "slurm.conf")
+    for daemon in DAEMONS:
+        # -c: a clean state (no jobs of an earlier cluster in this folder)
+        flags = ["-c"] if daemon == "slurmctld" else []
+        started = subprocess.run(
+            [daemon, "-f", conf, *flags], capture_output=True, text=True, timeout=30
+        )
+        if started.returncode != 0:
+            reason = (started.stderr or started.stdout).strip().splitlines()
+            raise ClusterError(f"{daemon} did not start: {reason[-1] if reason else '?'}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if node_is_idle(folder):
+            print(f"export SLURM_CONF={conf}")
+            return
+        time.sleep(0.5)
+    raise ClusterError(f"the node did not come up within {timeout:.0f} s; see {folder}/*.log.")
+
+
+def stop(folder: Path, quiet: bool = False) -> None:
+    """Cancel every job, then stop both daemons; nothing of the cluster keeps running."""
+    if (folder / "slurm.conf").is_file():
+        subprocess.run(
+            ["scancel", "--full", "--user=root"],
+            env=environment(folder),
+            capture_output=True,
+            timeout=30,
+        )
+    for daemon in DAEMONS:
+        pid_file = folder / f"{daemon}.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+        for _ in range(100):
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            time.sleep(0.1)
+    if not quiet:
+        print(f"stopped the cluster in {folder}")
+
+
+def main() -> int:
+    if len(sys.argv) != 3 or sys.argv[1] not in ("start", "stop"):
+        print("usage: local_slurm.py start|stop <folder>", file=sys.stderr)
+        return 2
+    folder = Path(sys.argv[2]).absolute()
+    try:
+        (start if sys.argv[1] == "start" else stop)(folder)
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The cluster path against a real scheduler: a single-node SLURM started by scripts/local_slurm.py
+(once per test worker), CPU jobs with gloo. Skipped, with the reason, where it cannot start."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from .helpers import PACKAGE, PROJECT_ROOT, run_cli
+from .killing import SMALL_RUN, assert_same_outcome
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+QUICK = ["hydra/launcher=slurm", "trainer=cpu", "logger=csv", "extras.print_config=false",
+         "callbacks.progress_bar=null"]  # fmt: skip
+{%- if cookiecutter.examples == "language" %}
+TINY = ["model.net.n_layer=1", "data.max_bytes=100000", "trainer.max_steps=4",
+        "trainer.val_check_interval=4", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]  # fmt: skip
+{%- else %}
+TINY = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1"]  # fmt: skip
+{%- endif %}
+
+
+def summary_rows(cwd: Path) -> list[dict[str, str]]:
+    (summary,) = (cwd / "logs" / "train" / "multiruns").glob("*/summary.csv")
+    with summary.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def queue(env: dict[str, str], *columns: str) -> list[list[str]]:
+    listed = subprocess.run(
+        ["squeue", "--noheader", "--states=all", f"--format={'|'.join(columns)}"],
+        env=env, capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    return [line.split("|") for line in listed.stdout.splitlines()]
+
+
+def test_a_sweep_of_two_jobs_completes_and_is_summarized(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """trainer=cpu needs no GPU override: the launcher asks for no GPU."""
+    result = run_cli(
+        "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1,2", cwd=tmp_path, env=slurm_cluster
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = summary_rows(tmp_path)
+    assert sorted(row["overrides"] for row in rows) == ["seed=1", "seed=2"]
+    assert {row["status"] for row in rows} == {"COMPLETED"}
+    assert all((tmp_path / row["run_dir"] / "metrics.json").is_file() for row in rows)
+    polls = result.stdout + result.stderr
+    assert polls.count("accounting is off") == 1 and "Bypassing sacct" not in polls
+
+
+def test_a_failing_job_fails_the_sweep_and_is_named(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    result = run_cli(
+        "-m", PACKAGE, "-m", *QUICK, *TINY, "model.optimizer.lr=0.001,-1", cwd=tmp_path,
+        env=slurm_cluster,
+    )  # fmt: skip
+    assert result.returncode != 0
+    status = {row["overrides"]: row["status"] for row in summary_rows(tmp_path)}
+    assert status == {"model.optimizer.lr=0.001": "COMPLETED", "model.optimizer.lr=-1": "FAILED"}
+    assert "model.optimizer.lr=-1" in result.stdout + result.stderr
+
+
+def test_a_job_that_can_never_start_ends_the_sweep_with_the_reason(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """More CPUs per task than the node has: SLURM accepts the job and leaves it pending."""
+    env = {**slurm_cluster, "SLURM_UNSCHEDULABLE_AFTER_S": "5"}
+    started = time.monotonic()
+    result = run_cli(
+        "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1", "hydra.launcher.cpus_per_task=512",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "Reason=PartitionConfig" in line and "hydra.launcher.cpus_per_task" in line
+    assert time.monotonic() - started < 90
+    assert not [job for job in queue(env, "%T") if job[0] in ("PENDING", "RUNNING")]
+
+
+def test_one_job_of_two_tasks_is_one_ddp_run(slurm_cluster: dict[str, str], tmp_path: Path) -> None:
+    result = run_cli(
+        "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1", "strategy=ddp", "trainer.devices=2",
+        cwd=tmp_path, env=slurm_cluster,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = summary_rows(tmp_path)
+    run_dir = tmp_path / row["run_dir"]
+    assert sorted(p.name for p in run_dir.glob("metrics-rank*.json")) == [
+        "metrics-rank0.json",
+        "metrics-rank1.json",
+    ]
+
+
+def sbatch(cwd: Path, env: dict[str, str], *args: str) -> str:
+    """`sbatch scripts/slurm.sbatch` on the CPU node, two tasks; returns the job id."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
+         "--cpus-per-task=1", str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *args],
+        cwd=cwd, env={**env, "TRAINER": "cpu"}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return submitted.stdout.strip().split(";")[0]
+
+
+def wait_for(job: str, env: dict[str, str], timeout: float = 300.0) -> str:
+    """The job's final state. A requeued job waits for its begin time (about two minutes after
+    the requeue); the test lets it start now."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {row[0]: row[1:] for row in queue(env, "%i", "%T", "%r")}
+        state, reason = states.get(job, ["UNKNOWN", ""])
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            return state
+        if state == "PENDING" and reason == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env)
+        time.sleep(1)
+    raise AssertionError(f"job {job} did not end within {timeout:.0f} s")
+
+
+def test_the_sbatch_script_runs_two_tasks_in_its_run_directory(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    job = sbatch(tmp_path, slurm_cluster, "logger=csv", "extras.print_config=false", *TINY)
+    state = wait_for(job, slurm_cluster)
+    assert state == "COMPLETED", next(tmp_path.glob(f"*-{job}.out")).read_text()[-3000:]
+    run_dir = tmp_path / "logs" / "train" / "runs" / f"slurm-{job}"
+    assert (run_dir / "metrics.json").is_file()
+    assert (run_dir / "metrics-rank1.json").is_file(), "two tasks, one DDP run"
+
+
+def test_a_preempted_job_saves_requeues_and_finishes_as_if_never_stopped(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`scancel --signal=USR1` while it trains: a checkpoint at a step boundary, `scontrol
+    requeue`, the same job resumes in its run directory and ends with the weights, optimizer
+    state, batches and metrics of the same job left alone."""
+    command = [*SMALL_RUN, "+callbacks.slow._target_=tests.faults.SlowSteps",
+               "+callbacks.slow.seconds=0.5", "callbacks.preemption.sync_every_n_steps=1"]  # fmt: skip
+    reference = sbatch(tmp_path / "reference", slurm_cluster, *command)
+    preempted = sbatch(tmp_path / "preempted", slurm_cluster, *command)
+    batches = tmp_path / "preempted" / "batches.txt.rank0"
+    for _ in range(600):
+        if batches.is_file() and len(batches.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=USR1", preempted], env=slurm_cluster, check=True)
+    assert wait_for(reference, slurm_cluster) == "COMPLETED"
+    assert wait_for(preempted, slurm_cluster) == "COMPLETED"
+    (output,) = (tmp_path / "preempted").glob(f"*-{preempted}.out")
+    log = output.read_text()
+    assert "Requeued SLURM job" in log and "Resuming from" in log, log[-3000:]
+    (stopped, *_) = [line for line in log.splitlines() if "Stopped: SIGUSR1" in line]
+    assert "after training" not in stopped, "stopped while it trained"
+    runs = [tmp_path / name / "logs" / "train" / "runs" for name in ("reference", "preempted")]
+    for runs_dir, job in zip(runs, (reference, preempted), strict=True):
+        assert [p.name for p in runs_dir.iterdir()] == [f"slurm-{job}"]
+    assert_same_outcome(tmp_path / "reference", tmp_path / "preempted")
+    last = next(runs[1].iterdir()) / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["exact_resume"]["fit_finished"]
