@@ -13,6 +13,8 @@ import torch
 
 from .helpers import PACKAGE, PROJECT_ROOT, run_cli
 from .killing import SMALL_RUN, assert_same_outcome
+from .test_scale_out import PINNED, SEARCH
+from .test_scale_out import SHORT_RUN as SEARCH_RUN
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -167,3 +169,27 @@ def test_a_preempted_job_saves_requeues_and_finishes_as_if_never_stopped(
     assert_same_outcome(tmp_path / "reference", tmp_path / "preempted")
     last = next(runs[1].iterdir()) / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["exact_resume"]["fit_finished"]
+
+
+def test_an_optuna_search_through_slurm_is_continued_by_the_same_command(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    import optuna
+    from omegaconf import OmegaConf
+
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    for n_trials in (2, 3):
+        result = run_cli(
+            "-m", PACKAGE, "-m", SEARCH, *PINNED, *QUICK, *SEARCH_RUN,
+            f"hydra.sweeper.n_trials={n_trials}", f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.pruner.n_startup_trials=10", f"hydra.sweep.dir={tmp_path / 'search'}",
+            cwd=tmp_path, env=slurm_cluster,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    results = OmegaConf.load(tmp_path / "search" / "optimization_results.yaml")
+    study = optuna.load_study(study_name=str(results.study_name), storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    assert [trial.state.name for trial in trials] == ["COMPLETE"] * 3
+    assert len({tuple(sorted(trial.params.items())) for trial in trials}) == 3
+    for trial in trials:
+        assert (tmp_path / "search" / str(trial.number) / "metrics.json").is_file()
