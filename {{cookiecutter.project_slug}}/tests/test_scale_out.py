@@ -3,10 +3,14 @@ Each runs the real command line in a subprocess, on CPU with gloo."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from .helpers import PACKAGE, ComposeFn, run_cli
+from .helpers import PACKAGE, PROJECT_ROOT, ComposeFn, run_cli
+from .killing import SMALL_RUN, assert_same_outcome
 
 QUICK = ["trainer=cpu", "logger=csv", "extras.print_config=false", "trainer.max_epochs=2"]
 EVAL_METRICS = ("val/loss", "test/loss")
@@ -264,6 +269,84 @@ def test_torchrun_script_runs_two_processes(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "logs" / "train" / "runs").iterdir()] == ["two"]
     assert len(list(run_dir.glob("metrics-rank*.json"))) == 2
     assert list((run_dir / "checkpoints").glob("*.ckpt"))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_node(node_rank: int, port: int, cwd: Path, args: list[str]) -> subprocess.Popen[str]:
+    """One of two torchrun agents (`scripts/torchrun.sh`) on this machine, as on two nodes
+    sharing a filesystem: one CPU process each, in a process group of its own."""
+    script = Path(__file__).parents[1] / "scripts" / "torchrun.sh"
+    env = {
+        **os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "NPROC_PER_NODE": "1",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINER": "cpu",
+        "RUN_NAME": "two-nodes",
+        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }  # fmt: skip
+    with (cwd / f"node{node_rank}.log").open("a") as log:  # a pipe left unread would block it
+        return subprocess.Popen(
+            ["bash", str(script), *args], cwd=cwd, env=env, stdout=log,
+            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant, as a node that dies (torchrun starts its workers
+    in sessions of their own, out of reach of its process group)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    family, pending = [], [pid]
+    while pending:
+        family.append(pending.pop())
+        pending += children.get(family[-1], [])
+    for member in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+def two_nodes(cwd: Path, args: list[str], kill_node_1_at_step: int | None = None) -> list[int]:
+    """Both agents' exit codes; node 1 killed (its whole process group) at a training step."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    nodes = [start_node(rank, port, cwd, args) for rank in (0, 1)]
+    if kill_node_1_at_step is not None:
+        batches = cwd / "batches.txt.rank1"
+        for _ in range(1200):
+            if batches.is_file() and len(batches.read_text().splitlines()) > kill_node_1_at_step:
+                break
+            time.sleep(0.1)
+        kill_tree(nodes[1].pid)
+    try:
+        codes = [node.wait(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    if kill_node_1_at_step is None and codes != [0, 0]:
+        raise AssertionError((cwd / "node0.log").read_text()[-3000:])
+    return codes
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_train_one_run_and_resume_it_after_one_dies(tmp_path: Path) -> None:
+    """Killing one node makes both exit non-zero; the same two commands resume the run, which
+    ends as an uninterrupted run of the same two commands does."""
+    args = [*SMALL_RUN, "+callbacks.slow._target_=tests.faults.SlowSteps",
+            "+callbacks.slow.seconds=1"]  # fmt: skip
+    assert two_nodes(tmp_path / "reference", args) == [0, 0]
+    codes = two_nodes(tmp_path / "killed", args, kill_node_1_at_step=2)
+    assert codes[0] != 0 and codes[1] != 0, codes
+    assert two_nodes(tmp_path / "killed", args) == [0, 0]
+    assert_same_outcome(tmp_path / "reference", tmp_path / "killed")
 
 
 def test_a_range_search_dimension_keeps_hydras_values_without_an_optuna_warning() -> None:

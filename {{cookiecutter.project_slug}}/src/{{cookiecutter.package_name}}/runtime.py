@@ -111,6 +111,7 @@ NOISY_WARNINGS = (
     r"The dirpath has changed from",
     # callbacks.ExactResume resumes the loader mid-epoch, which Lightning cannot see.
     r"You're resuming from a checkpoint that ended before the epoch ended",
+    r"torch.distributed.nn.functional.all_gather is deprecated",  # Lightning on torch 2.13
 )
 
 
