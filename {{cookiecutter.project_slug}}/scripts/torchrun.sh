@@ -6,12 +6,21 @@
 #
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 RUN_NAME=gpt2 scripts/torchrun.sh experiment=gpt2_small
 #   NPROC_PER_NODE=2 TRAINER=cpu scripts/torchrun.sh          # two CPU processes (gloo), to try it
+#
+# Under a Kubernetes PyTorchJob (Kubeflow training operator) the operator's PET_NNODES,
+# PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and PET_MASTER_PORT are read; under SkyPilot,
+# SKYPILOT_NUM_NODES, SKYPILOT_NODE_RANK, SKYPILOT_NUM_GPUS_PER_NODE and the first address of
+# SKYPILOT_NODE_IPS. Variables set explicitly win.
 set -euo pipefail
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-NPROC_PER_NODE=${NPROC_PER_NODE:-$(nvidia-smi --list-gpus 2>/dev/null | wc -l)}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-MASTER_PORT=${MASTER_PORT:-29500}
+first() { for value in "$@"; do if [ -n "$value" ]; then echo "$value"; return; fi; done; }
+GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
+SKYPILOT_HEAD=$(printf '%s\n' "${SKYPILOT_NODE_IPS:-}" | head -n 1)
+NNODES=$(first "${NNODES:-}" "${PET_NNODES:-}" "${SKYPILOT_NUM_NODES:-}" 1)
+NODE_RANK=$(first "${NODE_RANK:-}" "${PET_NODE_RANK:-}" "${SKYPILOT_NODE_RANK:-}" 0)
+NPROC_PER_NODE=$(first "${NPROC_PER_NODE:-}" "${PET_NPROC_PER_NODE:-}" \
+  "${SKYPILOT_NUM_GPUS_PER_NODE:-}" "$GPUS")
+MASTER_ADDR=$(first "${MASTER_ADDR:-}" "${PET_MASTER_ADDR:-}" "$SKYPILOT_HEAD" 127.0.0.1)
+MASTER_PORT=$(first "${MASTER_PORT:-}" "${PET_MASTER_PORT:-}" 29500)
 TRAINER=${TRAINER:-gpu}
 RUN_NAME=${RUN_NAME:-torchrun-$(date +%Y-%m-%d_%H-%M)}
 

@@ -277,15 +277,31 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_node(node_rank: int, port: int, cwd: Path, args: list[str]) -> subprocess.Popen[str]:
+def node_environment(style: str, node_rank: int, port: int) -> dict[str, str]:
+    """What each launcher sets on node `node_rank` of two, one process per node."""
+    if style == "pytorchjob":  # Kubeflow's training operator, for torchrun
+        return {"PET_NNODES": "2", "PET_NODE_RANK": str(node_rank), "PET_NPROC_PER_NODE": "1",
+                "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
+                "MASTER_PORT": str(port)}  # fmt: skip
+    if style == "skypilot":
+        return {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": str(node_rank),
+                "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.2",
+                "MASTER_PORT": str(port)}  # fmt: skip
+    return {"NNODES": "2", "NODE_RANK": str(node_rank), "NPROC_PER_NODE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+
+
+def start_node(
+    node_rank: int, port: int, cwd: Path, args: list[str], style: str = "torchrun"
+) -> subprocess.Popen[str]:
     """One of two torchrun agents (`scripts/torchrun.sh`) on this machine, as on two nodes
     sharing a filesystem: one CPU process each, in a process group of its own."""
     script = Path(__file__).parents[1] / "scripts" / "torchrun.sh"
+    python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
     env = {
-        **os.environ, "NNODES": "2", "NODE_RANK": str(node_rank), "NPROC_PER_NODE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRAINER": "cpu",
-        "RUN_NAME": "two-nodes",
-        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PET_", "SKYPILOT_"))},
+        **node_environment(style, node_rank, port), "TRAINER": "cpu", "RUN_NAME": "two-nodes",
+        "PYTHONPATH": python_path,
     }  # fmt: skip
     with (cwd / f"node{node_rank}.log").open("a") as log:  # a pipe left unread would block it
         return subprocess.Popen(
@@ -313,11 +329,13 @@ def kill_tree(pid: int) -> None:
             os.kill(member, signal.SIGKILL)
 
 
-def two_nodes(cwd: Path, args: list[str], kill_node_1_at_step: int | None = None) -> list[int]:
-    """Both agents' exit codes; node 1 killed (its whole process group) at a training step."""
+def two_nodes(
+    cwd: Path, args: list[str], kill_node_1_at_step: int | None = None, style: str = "torchrun"
+) -> list[int]:
+    """Both agents' exit codes; node 1 killed (with every process it started) at a step."""
     cwd.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    nodes = [start_node(rank, port, cwd, args) for rank in (0, 1)]
+    nodes = [start_node(rank, port, cwd, args, style) for rank in (0, 1)]
     if kill_node_1_at_step is not None:
         batches = cwd / "batches.txt.rank1"
         for _ in range(1200):
@@ -347,6 +365,19 @@ def test_two_torchrun_nodes_train_one_run_and_resume_it_after_one_dies(tmp_path:
     assert codes[0] != 0 and codes[1] != 0, codes
     assert two_nodes(tmp_path / "killed", args) == [0, 0]
     assert_same_outcome(tmp_path / "reference", tmp_path / "killed")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", ["pytorchjob", "skypilot"])
+def test_the_torchrun_script_reads_the_environment_of_pytorchjob_and_skypilot(
+    tmp_path: Path, style: str
+) -> None:
+    assert two_nodes(tmp_path, [*QUICK, "trainer.max_epochs=1"], style=style) == [0, 0]
+    run_dir = tmp_path / "logs" / "train" / "runs" / "two-nodes"
+    assert sorted(p.name for p in run_dir.glob("metrics-rank*.json")) == [
+        "metrics-rank0.json",
+        "metrics-rank1.json",
+    ]
 
 
 def test_a_range_search_dimension_keeps_hydras_values_without_an_optuna_warning() -> None:
