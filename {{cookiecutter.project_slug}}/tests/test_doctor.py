@@ -26,6 +26,7 @@ FIELDS = [
     "bf16",
     "fp8",
     "nccl",
+    "slurm",
 {%- if cookiecutter.logger == "wandb" %}
     "wandb_login",
 {%- endif %}
@@ -131,3 +132,33 @@ def test_wandb_key_is_never_printed(
     assert json.loads(out)["wandb_login"] == "logged in (key from WANDB_API_KEY)"
     assert "secret-key" not in out
 {%- endif %}
+
+
+SLURM_JOB = {
+    "SLURM_JOB_ID": "4242", "SLURM_JOB_PARTITION": "gpu", "SLURM_NNODES": "2",
+    "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_GPUS_ON_NODE": "4",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("devices", "warns"), [(4, False), (8, True)])
+def test_the_slurm_job_is_reported_and_a_task_count_off_the_devices_warns(
+    monkeypatch: pytest.MonkeyPatch, devices: int, warns: bool
+) -> None:
+    for name, value in SLURM_JOB.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    fields, problems = doctor.diagnose(["trainer=cpu", f"trainer.devices={devices}"])
+    described = "job 4242 on partition gpu: 2 nodes, 4 tasks per node, 4 GPUs per node"
+    assert fields["slurm"] == described
+    mismatch = [p for p in problems if "tasks per node" in p]
+    assert bool(mismatch) == warns
+    if warns:
+        assert "--ntasks-per-node=8" in mismatch[0]
+
+
+def test_outside_a_slurm_job_the_doctor_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*SLURM_JOB, "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    fields, problems = doctor.diagnose(["trainer=cpu"])
+    assert fields["slurm"].startswith("not in a SLURM job")
+    assert not [p for p in problems if "tasks per node" in p]

@@ -144,6 +144,28 @@ def free_gib(path: Path) -> float:
     return shutil.disk_usage(path).free / GIB
 
 
+def slurm_job() -> str:
+    """The SLURM job this runs in, as SLURM describes it to its tasks, or why there is none."""
+    env = os.environ
+    if "SLURM_JOB_ID" not in env:
+        return "not in a SLURM job" + (" (sbatch found)" if shutil.which("sbatch") else "")
+    gpus = env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE") or "0"
+    return (
+        f"job {env['SLURM_JOB_ID']} on partition {env.get('SLURM_JOB_PARTITION', '?')}: "
+        f"{env.get('SLURM_NNODES', '?')} nodes, {slurm_tasks_per_node() or '?'} tasks per node, "
+        f"{gpus} GPUs per node"
+    )
+
+
+def slurm_tasks_per_node() -> int | None:
+    """Tasks per node of this SLURM job (`2(x3)` and `4` forms), or None outside one."""
+    value = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    try:
+        return int(value.split("(")[0]) if value else None
+    except ValueError:
+        return None
+
+
 def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
     """The fields to print, in order, and the warnings."""
     fields: dict[str, str] = {}
@@ -183,6 +205,7 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         fields["bf16"] = "yes" if native_bf16 else f"no ({capability}; emulated, slow)"
         fields["fp8"] = "yes" if oldest >= FP8_CAPABILITY else f"no ({capability}; needs 8.9)"
     has_nccl, fields["nccl"] = nccl()
+    fields["slurm"] = slurm_job()
 {%- if cookiecutter.logger == "wandb" %}
     try:
         fields["wandb_login"] = wandb_login()
@@ -244,6 +267,13 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
             )
         if accelerator == "cuda" and devices > len(gpus):
             problems.append(f"trainer.devices asks for {devices} GPUs but {len(gpus)} are visible.")
+        tasks = slurm_tasks_per_node()
+        if tasks is not None and tasks != devices:
+            problems.append(
+                f"this SLURM job has {tasks} tasks per node but trainer.devices={devices}: "
+                "Lightning needs one task per device (sbatch --ntasks-per-node="
+                f"{devices}, or trainer.devices={tasks})."
+            )
     for name in ("accelerator", "precision", "strategy"):
         fields.setdefault(name, "unavailable (see the warnings)")
     return fields, problems
