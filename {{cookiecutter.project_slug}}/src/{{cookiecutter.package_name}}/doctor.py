@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-{%- if cookiecutter.logger == "wandb" %}
 import os
-{%- endif %}
 import platform
 import shutil
 import subprocess
