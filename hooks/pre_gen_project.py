@@ -42,6 +42,8 @@ DEPENDENCY_MODULES = {
     "tensorboard_data_server", "tomli", "torch", "torchaudio", "torchdata", "torchgen",
     "torchmetrics", "torchvision", "tqdm", "triton", "typing_extensions", "typing_inspection",
     "urllib3", "virtualenv", "wandb", "werkzeug", "xdist", "xxhash", "yaml", "yarl",
+    "contourpy", "cycler", "fonttools", "kiwisolver", "matplotlib", "mpl_toolkits", "pylab",
+    "pyparsing", "tzdata",
     "tests", "test", "src", "configs",
 }  # fmt: skip
 # Longer package names make the generated imports and entry points too long for its own lint.

@@ -106,6 +106,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/run_settings.py",
         f"{src}/run_lock.py",
         f"{src}/command_errors.py",
+        f"{src}/sweep_report.py",
         f"{src}/callbacks/optuna_pruning.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/__init__.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/_impl.py",

@@ -18,6 +18,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from {{ cookiecutter.package_name }}.sweep_report import (
+    best_job,
+    draw_summary,
+    short_labels,
+    significant,
+)
+
 from .helpers import PACKAGE, PROJECT_ROOT, ComposeFn, run_cli
 from .killing import SMALL_RUN, assert_same_outcome
 
@@ -27,6 +34,17 @@ EVAL_METRICS = ("val/loss", "test/loss")
 
 def read(path: Path) -> dict[str, float]:
     return dict(json.loads(path.read_text()))
+
+
+def assert_picture(path: Path) -> None:
+    """A PNG that opens, of a size a person can read."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        width, height = image.size
+        assert image.format == "PNG" and 500 <= width <= 3000 and 150 <= height <= 5000
 
 
 def summary_rows(sweep_dir: Path) -> list[dict[str, str]]:
@@ -112,7 +130,7 @@ def test_sweep_runs_on_each_launcher_and_is_summarized(tmp_path: Path, launcher:
         from_job = read(Path(row["run_dir"]) / "metrics.json")[metric]
         assert float(row[metric]) == pytest.approx(from_job)
     assert (sweep_dir / "summary.md").read_text().count("COMPLETED") == 2
-    assert (sweep_dir / "summary.svg").read_text().count("<rect") == 2
+    assert_picture(sweep_dir / "summary.png")
 
 
 @pytest.mark.slow
@@ -217,6 +235,8 @@ def test_optuna_study_is_continued_only_by_the_same_command(tmp_path: Path) -> N
     other = search(3, hopeless, prune_after=1, sweep="b")
     assert states(other) == ["COMPLETE", "COMPLETE", "PRUNED"], "a hopeless trial is pruned"
     assert [row["status"] for row in summary_rows(tmp_path / "b")] == ["COMPLETED", "PRUNED"]
+    for picture in ("summary.png", "optimization_history.png", "param_importances.png"):
+        assert_picture(tmp_path / "a" / picture)
 
 
 @pytest.mark.slow
@@ -394,3 +414,35 @@ def test_a_range_search_dimension_keeps_hydras_values_without_an_optuna_warning(
         warnings.simplefilter("error")
         dimension = distribution(override)
     assert (dimension.low, dimension.high, dimension.step) == (10, 90, 10)  # type: ignore[attr-defined]
+
+
+def test_sweep_labels_are_short_names_and_values_rounded_to_three_places() -> None:
+    labels = short_labels(
+        [
+            "model.optimizer.lr=0.0012345 seed=2",
+            "model.optimizer.lr=0.034 model.scheduler.lr=1e-05 seed=13",
+            "",
+        ]
+    )
+    assert labels == [
+        "optimizer.lr=0.00123 seed=2",
+        "optimizer.lr=0.034 scheduler.lr=1e-05 seed=13",
+        "(no overrides)",
+    ]
+    assert significant(0.98765) == "0.988" and significant("12") == "12"
+    assert significant("fast") == "fast" and significant(3) == "3"
+
+
+def test_the_sweep_picture_marks_the_best_completed_job(tmp_path: Path) -> None:
+    jobs = [("lr=0.1", "COMPLETED", 0.5), ("lr=0.2", "FAILED", None),
+            ("lr=0.3", "PRUNED", 0.9), ("lr=0.4", "COMPLETED", 0.7)]  # fmt: skip
+    rows = [
+        dict(overrides=text, status=status, metrics=dict([("val/acc", value)] if value else []))
+        for text, status, value in jobs
+    ]
+    values = [row["metrics"].get("val/acc") for row in rows]
+    statuses = [row["status"] for row in rows]
+    assert best_job(values, statuses, "max") == 3, "a pruned job is never the best"
+    assert best_job(values, statuses, "min") == 0
+    draw_summary(tmp_path / "summary.png", rows, "val/acc", "max")
+    assert_picture(tmp_path / "summary.png")

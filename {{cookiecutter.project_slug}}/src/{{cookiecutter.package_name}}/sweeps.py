@@ -14,6 +14,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .sweep_report import draw_summary, short_labels, significant
+
 log = logging.getLogger(__name__)
 
 SUBPROCESS_DDP_TARGETS = ("DDPStrategy",)
@@ -65,8 +67,8 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 class SweepSummary(Callback):
-    """After a multirun: summary.csv, summary.md and summary.svg in the sweep directory, one row
-    per job with its overrides, status, metrics and run directory."""
+    """After a multirun: summary.csv, summary.md and summary.png in the sweep directory, one row
+    (or bar) per job with its overrides, status, metrics and run directory."""
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Record the job's status; name a failed job at once, since Hydra stops the sweep with
@@ -101,6 +103,7 @@ class SweepSummary(Callback):
             return
         metric = config.get("optimized_metric")
         write_summary(sweep_dir, rows, metric)
+        draw_summary_picture(sweep_dir, rows, config)
         failed = [row["job"] for row in rows if row["status"] not in ("COMPLETED", PRUNED)]
         log.info("Sweep summary: %s (%d jobs)", sweep_dir / "summary.md", len(rows))
         if failed:
@@ -146,43 +149,19 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], metric: str | Non
         writer.writerow(header)
         writer.writerows(table)
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for values in table:
-        cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in values]
+    labels = short_labels([str(row["overrides"]) for row in rows])
+    for label, values in zip(labels, table, strict=True):
+        cells = [significant(v) for v in [values[0], label, *values[2:]]]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
-    if metric:
-        points = [(row["overrides"], row["metrics"].get(metric)) for row in rows]
-        (sweep_dir / "summary.svg").write_text(bar_chart_svg(points, metric))
 
 
-def bar_chart_svg(points: list[tuple[str, float | None]], metric: str) -> str:
-    """A bar per job (missing values shown as gaps), labelled with the job's overrides."""
-    width, bar_height, label_width = 760, 22, 360
-    values = [v for _, v in points if isinstance(v, (int, float))]
-    top = max([abs(v) for v in values], default=1.0) or 1.0
-    height = 40 + bar_height * len(points)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<text x="8" y="18" font-weight="bold">{escape(metric)} by job</text>',
-    ]
-    for index, (label, value) in enumerate(points):
-        y = 30 + index * bar_height
-        parts.append(f'<text x="8" y="{y + 15}">{escape(label[:60]) or "(no overrides)"}</text>')
-        if isinstance(value, (int, float)):
-            length = (width - label_width - 80) * abs(value) / top
-            parts.append(
-                f'<rect x="{label_width}" y="{y + 3}" width="{length:.1f}" height="{bar_height - 6}" '
-                'fill="#4c78a8"/>'
-            )
-            parts.append(
-                f'<text x="{label_width + length + 6:.1f}" y="{y + 15}">{value:.4g}</text>'
-            )
-        else:
-            parts.append(f'<text x="{label_width}" y="{y + 15}" fill="#b00">no result</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
-
-
-def escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def draw_summary_picture(sweep_dir: Path, rows: list[dict[str, Any]], config: DictConfig) -> None:
+    metric = config.get("optimized_metric")
+    if not metric:
+        return
+    mode = str(OmegaConf.select(config, "monitor.mode", default="min"))
+    try:
+        draw_summary(sweep_dir / "summary.png", rows, str(metric), mode)
+    except Exception as error:  # a picture that cannot be drawn never fails the sweep
+        log.warning("summary.png not drawn: %s", error)

@@ -9,6 +9,8 @@ import hashlib
 import json
 import logging
 import math
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +220,33 @@ class OptunaSweeperImpl:
         log.info(
             "Best trial %d: %s = %s with %s", best.number, self.direction, best.value, best.params
         )
+        draw_study(study, path.parent)
+
+
+def draw_study(study: optuna.Study, folder: Path) -> None:
+    """Optuna's own matplotlib plots of the study: `optimization_history.png`, and
+    `param_importances.png` once two trials have completed. A plot that cannot be drawn is named
+    in a warning and never fails the sweep."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as plots
+
+    completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    drawings: list[tuple[str, Callable[[optuna.Study], Any]]] = [
+        ("optimization_history.png", plots.plot_optimization_history)
+    ]
+    if len(completed) >= 2 and study.best_trial.params:
+        drawings.append(("param_importances.png", plots.plot_param_importances))
+    for name, plot in drawings:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                plot(study)
+            figure = plt.gcf()
+            figure.set_size_inches(8, 5)
+            figure.savefig(folder / name, dpi=110, bbox_inches="tight")
+            plt.close(figure)
+        except Exception as error:
+            log.warning("%s not drawn: %s", name, error)
