@@ -15,6 +15,7 @@ in one line and exits with code 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -138,28 +139,74 @@ def start(folder: Path, timeout: float = 60.0) -> None:
     raise ClusterError(f"the node did not come up within {timeout:.0f} s; see {folder}/*.log.")
 
 
-def stop(folder: Path, quiet: bool = False) -> None:
-    """Cancel every job, then stop both daemons; nothing of the cluster keeps running."""
-    if (folder / "slurm.conf").is_file():
-        subprocess.run(
-            ["scancel", "--full", "--user=root"],
-            env=environment(folder),
-            capture_output=True,
-            timeout=30,
-        )
-    for daemon in DAEMONS:
-        pid_file = folder / f"{daemon}.pid"
-        try:
-            pid = int(pid_file.read_text().strip())
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def end(pids: list[int], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL whatever still runs after `grace` seconds."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
+    deadline = time.monotonic() + grace
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def job_processes(conf: Path) -> list[int]:
+    """Processes of this cluster's jobs, job steps included: they carry its SLURM_CONF and a
+    SLURM_JOB_ID (or are its slurmstepd). Never this process or its parents."""
+    own = {os.getpid(), os.getppid()}
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            name = (proc / "comm").read_text().strip()
+        except OSError:
             continue
-        for _ in range(100):
-            try:
-                os.kill(pid, 0)
-            except OSError:
-                break
-            time.sleep(0.1)
+        ours = f"SLURM_CONF={conf}".encode() in environ
+        in_job = name == "slurmstepd" or any(v.startswith(b"SLURM_JOB_ID=") for v in environ)
+        if ours and in_job and int(proc.name) not in own:
+            found.append(int(proc.name))
+    return found
+
+
+def wait_for_empty_queue(folder: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = subprocess.run(
+            ["squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING,SUSPENDED"],
+            env=environment(folder), capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if listed.returncode != 0 or not listed.stdout.strip():
+            return
+        time.sleep(0.2)
+
+
+def stop(folder: Path, quiet: bool = False) -> None:
+    """Cancel every job, then stop both daemons and any job step left: nothing of the cluster
+    keeps running."""
+    conf = folder / "slurm.conf"
+    if conf.is_file():
+        subprocess.run(
+            ["scancel", "--full", "--user=root"], env=environment(folder), capture_output=True,
+            timeout=30,
+        )  # fmt: skip
+        wait_for_empty_queue(folder)
+    pids = []
+    for daemon in DAEMONS:
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int((folder / f"{daemon}.pid").read_text().strip()))
+    end([pid for pid in pids if alive(pid)])
+    if conf.is_file():
+        end(job_processes(conf.resolve()), grace=2.0)
     if not quiet:
         print(f"stopped the cluster in {folder}")
 
