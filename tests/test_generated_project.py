@@ -4,6 +4,7 @@ a fresh bake: it was baked from an older template commit, edited and then `cruft
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,3 +68,5 @@ def test_generated_project_passes_its_own_checks(
     )
     check(tests, "pytest")
     assert " passed" in tests.stdout and " failed" not in tests.stdout
+    if os.geteuid() == 0 and shutil.which("slurmctld") and "not slow" not in markers:
+        assert "no local SLURM cluster" not in tests.stdout, "the SLURM tests ran"

@@ -103,12 +103,14 @@ def test_one_job_of_two_tasks_is_one_ddp_run(slurm_cluster: dict[str, str], tmp_
     ]
 
 
-def sbatch(cwd: Path, env: dict[str, str], *args: str) -> str:
-    """`sbatch scripts/slurm.sbatch` on the CPU node, two tasks; returns the job id."""
+def sbatch(
+    cwd: Path, env: dict[str, str], *args: str, options: tuple[str, ...] = (), tasks: int = 2
+) -> str:
+    """`sbatch scripts/slurm.sbatch` on the CPU node, two tasks (DDP); returns the job id."""
     cwd.mkdir(parents=True, exist_ok=True)
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
-         "--cpus-per-task=1", str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *args],
+        ["sbatch", "--parsable", "--nodes=1", f"--ntasks-per-node={tasks}", "--gpus-per-node=0",
+         "--cpus-per-task=1", *options, str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *args],
         cwd=cwd, env={**env, "TRAINER": "cpu"}, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return submitted.stdout.strip().split(";")[0]
@@ -193,3 +195,24 @@ def test_an_optuna_search_through_slurm_is_continued_by_the_same_command(
     assert len({tuple(sorted(trial.params.items())) for trial in trials}) == 3
     for trial in trials:
         assert (tmp_path / "search" / str(trial.number) / "metrics.json").is_file()
+
+
+def test_a_job_warned_before_its_time_limit_requeues_and_finishes_as_if_never_stopped(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`sbatch --time=1 --signal=USR1@55`: SLURM signals the job 55 s before its one-minute limit
+    (its controller checks every 30 s or so: anywhere from 5 to 35 s in, while it starts or
+    trains); the run saves and requeues itself, as often as that takes, and ends as the same job
+    with no time limit does."""
+    command = [*SMALL_RUN, "+callbacks.slow._target_=tests.faults.SlowSteps",
+               "+callbacks.slow.seconds=4", "callbacks.preemption.sync_every_n_steps=1"]  # fmt: skip
+    # One task each, so that both jobs fit on the two-core node at once.
+    reference = sbatch(tmp_path / "reference", slurm_cluster, *command, tasks=1)
+    limited = sbatch(tmp_path / "limited", slurm_cluster, *command, tasks=1,
+                     options=("--time=1", "--signal=USR1@55"))  # fmt: skip
+    assert wait_for(reference, slurm_cluster, timeout=600) == "COMPLETED"
+    assert wait_for(limited, slurm_cluster, timeout=600) == "COMPLETED"
+    (output,) = (tmp_path / "limited").glob(f"*-{limited}.out")
+    log = output.read_text()
+    assert "Stopped: SIGUSR1" in log and "Requeued SLURM job" in log, log[-3000:]
+    assert_same_outcome(tmp_path / "reference", tmp_path / "limited")

@@ -11,7 +11,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from . import command_errors
+from . import command_errors, stop_signals
 from .errors import ConfigError, TrainingError
 from .run_names import pasteable, register_run_name_resolver
 
@@ -105,13 +105,22 @@ def paste_back_arguments() -> None:
 
 
 def train() -> None:
+    if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a sweep's driver stops as it always did
+        stop_signals.record_from_startup()
     paste_back_arguments()
-    train_main()
+    try:
+        train_main()
+    finally:
+        stop_signals.ignore_warnings()
 
 
 def evaluate() -> None:
+    stop_signals.record_from_startup()
     paste_back_arguments()
-    evaluate_main()
+    try:
+        evaluate_main()
+    finally:
+        stop_signals.ignore_warnings()
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -17,12 +17,33 @@ STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
 _watched: tuple[signal.Signals, ...] = ()
 _received: signal.Signals | None = None
+_before_the_run: signal.Signals | None = None
 
 
 def _record(number: int, frame: FrameType | None) -> None:
     global _received
     if _received is None:
         _received = signal.Signals(number)
+
+
+def _record_before_the_run(number: int, frame: FrameType | None) -> None:
+    global _before_the_run
+    if _before_the_run is None:
+        _before_the_run = signal.Signals(number)
+
+
+WARNINGS = ("SIGUSR1", "SIGUSR2")
+
+
+def record_from_startup(names: Iterable[str] = WARNINGS) -> None:
+    """Record SLURM's warnings from a run's first moments: their default action ends a process at
+    once, so a warning that came while Python still imported ended the job unsaved and never
+    requeued. The run, once it `watch`es, stops at its first safe point and requeues. (SIGTERM
+    keeps its default until then: nothing is written yet, and the same command resumes.)"""
+    for name in names:
+        number = signal.Signals[name]
+        if signal.getsignal(number) in (signal.SIG_DFL, None):
+            signal.signal(number, _record_before_the_run)
 
 
 def received() -> signal.Signals | None:
@@ -37,13 +58,20 @@ def reassert() -> None:
         signal.signal(number, _record)
 
 
+def ignore_warnings(names: Iterable[str] = WARNINGS) -> None:
+    """Once the command's work is over: a warning then has nothing left to save, and Python's
+    exit restores the default handlers, whose action would end the finished job as failed."""
+    for name in names:
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+
+
 @contextmanager
 def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
     """Record stop signals for the duration of a run, then put the previous handlers back."""
-    global _watched, _received
+    global _watched, _received, _before_the_run
     numbers = tuple(signal.Signals[name] for name in names)
     previous: dict[signal.Signals, Any] = {n: signal.getsignal(n) for n in numbers}
-    _watched, _received = numbers, None
+    _watched, _received, _before_the_run = numbers, _before_the_run, None
     reassert()
     try:
         yield
