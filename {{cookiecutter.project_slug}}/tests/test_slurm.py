@@ -87,6 +87,15 @@ def test_a_job_that_can_never_start_ends_the_sweep_with_the_reason(
     assert "Reason=PartitionConfig" in line and "hydra.launcher.cpus_per_task" in line
     assert time.monotonic() - started < 90
     assert not [job for job in queue(env, "%T") if job[0] in ("PENDING", "RUNNING")]
+    # More memory than the node has: sbatch refuses the job outright.
+    result = run_cli(
+        "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1", "hydra.launcher.mem_gb=100000",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "sbatch refused" in line and "Memory specification" in line and "mem_gb" in line
+    assert "Traceback" not in result.stderr
 
 
 def test_one_job_of_two_tasks_is_one_ddp_run(slurm_cluster: dict[str, str], tmp_path: Path) -> None:

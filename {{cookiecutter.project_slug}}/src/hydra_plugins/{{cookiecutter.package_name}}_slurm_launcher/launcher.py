@@ -112,6 +112,17 @@ class SlurmLauncher(SubmititSlurmLauncher):
         try:
             return super().launch(job_overrides, initial_job_idx)
         except Exception as error:
+            refused = [
+                line.removeprefix("sbatch: error: ")
+                for line in str(error).splitlines()
+                if line.startswith("sbatch: error: ")
+            ]
+            if refused:
+                raise SweepCannotStart(
+                    f"sbatch refused the sweep's jobs ({'; '.join(refused)}). Lower "
+                    "hydra.launcher.cpus_per_task / mem_gb / gpus_per_node / timeout_min, or "
+                    "pick another hydra.launcher.partition (sinfo lists what each has)."
+                ) from error
             if not watchdog.never:
                 raise
             reasons = sorted(set(watchdog.never.values()))
