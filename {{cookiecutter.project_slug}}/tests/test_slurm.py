@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -225,3 +226,16 @@ def test_a_job_warned_before_its_time_limit_requeues_and_finishes_as_if_never_st
     log = output.read_text()
     assert "Stopped: SIGUSR1" in log and "Requeued SLURM job" in log, log[-3000:]
     assert_same_outcome(tmp_path / "reference", tmp_path / "limited")
+
+
+def test_the_local_cluster_refuses_in_one_line_where_it_cannot_start(tmp_path: Path) -> None:
+    """Without its daemons on PATH (or, for a user other than root, at all)."""
+    script = PROJECT_ROOT / "scripts" / "local_slurm.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "start", str(tmp_path / "cluster")],
+        env={"PATH": str(Path(sys.executable).parent)}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and ("apt-get install" in line or "sudo" in line)
