@@ -78,25 +78,23 @@ def test_a_job_that_can_never_start_ends_the_sweep_with_the_reason(
 ) -> None:
     """More CPUs per task than the node has: SLURM accepts the job and leaves it pending."""
     env = {**slurm_cluster, "SLURM_UNSCHEDULABLE_AFTER_S": "5"}
+
+    def refused(setting: str) -> str:
+        result = run_cli(
+            "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1", setting, cwd=tmp_path, env=env
+        )  # fmt: skip
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        return line
+
     started = time.monotonic()
-    result = run_cli(
-        "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1", "hydra.launcher.cpus_per_task=512",
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
-    assert result.returncode == 1
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    line = refused("hydra.launcher.cpus_per_task=512")
     assert "Reason=PartitionConfig" in line and "hydra.launcher.cpus_per_task" in line
     assert time.monotonic() - started < 90
     assert not [job for job in queue(env, "%T") if job[0] in ("PENDING", "RUNNING")]
     # More memory than the node has: sbatch refuses the job outright.
-    result = run_cli(
-        "-m", PACKAGE, "-m", *QUICK, *TINY, "seed=1", "hydra.launcher.mem_gb=100000",
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
-    assert result.returncode == 1
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    line = refused("hydra.launcher.mem_gb=100000")
     assert "sbatch refused" in line and "Memory specification" in line and "mem_gb" in line
-    assert "Traceback" not in result.stderr
 
 
 def test_one_job_of_two_tasks_is_one_ddp_run(slurm_cluster: dict[str, str], tmp_path: Path) -> None:
@@ -198,6 +196,8 @@ def test_an_optuna_search_through_slurm_is_continued_by_the_same_command(
             cwd=tmp_path, env=slurm_cluster,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
+        said = result.stdout + result.stderr
+        assert said.count("accounting is off") == 1, "once per command, not once per batch"
     results = OmegaConf.load(tmp_path / "search" / "optimization_results.yaml")
     study = optuna.load_study(study_name=str(results.study_name), storage=storage)
     trials = study.get_trials(deepcopy=False)

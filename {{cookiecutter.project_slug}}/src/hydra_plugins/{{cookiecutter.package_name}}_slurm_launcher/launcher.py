@@ -38,6 +38,12 @@ def accounting_works() -> bool:
     return checked.returncode == 0
 
 
+def reads_states_from_squeue() -> bool:
+    from submitit.slurm import slurm
+
+    return type(slurm.SlurmJob.watcher).__name__ == "SqueueInfoWatcher"
+
+
 def read_states_from_squeue() -> None:
     """submitit reads job states from `sacct`, which fails on every poll (with a warning each
     time) where the cluster has no accounting database, and so never sees a cancelled job end.
@@ -56,8 +62,7 @@ def read_states_from_squeue() -> None:
             text = string.decode() if isinstance(string, bytes) else string
             return super().read_info("JobID|State|NodeList\n" + text)
 
-    if not isinstance(slurm.SlurmJob.watcher, SqueueInfoWatcher):
-        slurm.SlurmJob.watcher = SqueueInfoWatcher(delay_s=600)
+    slurm.SlurmJob.watcher = SqueueInfoWatcher(delay_s=600)
 
 
 def pending_reasons(folder: str) -> dict[str, str]:
@@ -103,7 +108,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        if not accounting_works():
+        if not accounting_works() and not reads_states_from_squeue():
             log.info("SLURM accounting is off here (sacct fails): job states come from squeue.")
             read_states_from_squeue()
         folder = str(self.params["submitit_folder"]).split("%j")[0].rstrip("/")
