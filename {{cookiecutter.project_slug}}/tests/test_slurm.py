@@ -207,27 +207,6 @@ def test_an_optuna_search_through_slurm_is_continued_by_the_same_command(
         assert (tmp_path / "search" / str(trial.number) / "metrics.json").is_file()
 
 
-def test_a_job_warned_before_its_time_limit_requeues_and_finishes_as_if_never_stopped(
-    slurm_cluster: dict[str, str], tmp_path: Path
-) -> None:
-    """`sbatch --time=1 --signal=USR1@55`: SLURM signals the job 55 s before its one-minute limit
-    (its controller checks every 30 s or so: anywhere from 5 to 35 s in, while it starts or
-    trains); the run saves and requeues itself, as often as that takes, and ends as the same job
-    with no time limit does."""
-    command = [*SMALL_RUN, "+callbacks.slow._target_=tests.faults.SlowSteps",
-               "+callbacks.slow.seconds=4", "callbacks.preemption.sync_every_n_steps=1"]  # fmt: skip
-    # One task each, so that both jobs fit on the two-core node at once.
-    reference = sbatch(tmp_path / "reference", slurm_cluster, *command, tasks=1)
-    limited = sbatch(tmp_path / "limited", slurm_cluster, *command, tasks=1,
-                     options=("--time=1", "--signal=USR1@55"))  # fmt: skip
-    assert wait_for(reference, slurm_cluster, timeout=600) == "COMPLETED"
-    assert wait_for(limited, slurm_cluster, timeout=600) == "COMPLETED"
-    (output,) = (tmp_path / "limited").glob(f"*-{limited}.out")
-    log = output.read_text()
-    assert "Stopped: SIGUSR1" in log and "Requeued SLURM job" in log, log[-3000:]
-    assert_same_outcome(tmp_path / "reference", tmp_path / "limited")
-
-
 def test_the_local_cluster_refuses_in_one_line_where_it_cannot_start(tmp_path: Path) -> None:
     """Without its daemons on PATH (or, for a user other than root, at all)."""
     script = PROJECT_ROOT / "scripts" / "local_slurm.py"
