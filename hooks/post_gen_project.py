@@ -30,6 +30,8 @@ VISION_FILES = [
     CONFIGS / "experiment" / "mnist.yaml",
     CONFIGS / "hparams_search" / "digits_optuna.yaml",
     Path("tests") / "test_vision.py",
+    Path("tests") / "test_use_vision.py",
+    PACKAGE / "data" / "image_files.py",
 ]
 LANGUAGE_FILES = [
     PACKAGE / "data" / "text.py",
@@ -40,8 +42,10 @@ LANGUAGE_FILES = [
     CONFIGS / "model" / "gpt2_small.yaml",
     CONFIGS / "experiment" / "language.yaml",
     CONFIGS / "experiment" / "gpt2_small.yaml",
+    CONFIGS / "experiment" / "language_finetune.yaml",
     CONFIGS / "hparams_search" / "language_optuna.yaml",
     Path("tests") / "test_language.py",
+    Path("tests") / "test_use_language.py",
 ]
 LOGGER_FILES = {
     "wandb": [CONFIGS / "logger" / "wandb.yaml"],

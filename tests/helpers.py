@@ -87,7 +87,15 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "scripts/install_torch.py",
         f"{src}/__init__.py",
         f"{src}/__main__.py",
-        f"{src}/bench.py",
+        f"{src}/bench/__init__.py",
+        f"{src}/bench/training.py",
+        f"{src}/bench/generation.py",
+        f"{src}/predict.py",
+        f"{src}/export.py",
+        f"{src}/trained.py",
+        f"{src}/models/lora.py",
+        f"{configs}/predict.yaml",
+        f"{configs}/export.yaml",
         f"{src}/cli.py",
         f"{src}/doctor.py",
         "docs/benchmarks.md",
@@ -200,6 +208,8 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/experiment/mnist.yaml",
             f"{configs}/hparams_search/digits_optuna.yaml",
             "tests/test_vision.py",
+            "tests/test_use_vision.py",
+            f"{src}/data/image_files.py",
         }
     if answers["examples"] in ("both", "language"):
         files |= {
@@ -213,6 +223,8 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/experiment/gpt2_small.yaml",
             f"{configs}/hparams_search/language_optuna.yaml",
             "tests/test_language.py",
+            "tests/test_use_language.py",
+            f"{configs}/experiment/language_finetune.yaml",
         }
     if answers["logger"] != "csv":
         files.add(f"{configs}/logger/{answers['logger']}.yaml")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package_name }}.bench import bench
+from {{ cookiecutter.package_name }}.bench.training import bench
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 from .helpers import compose_config

@@ -126,15 +126,19 @@ def sbatch(
 
 def wait_for(job: str, env: dict[str, str], timeout: float = 300.0) -> str:
     """The job's final state. A requeued job waits for its begin time (about two minutes after
-    the requeue); the test lets it start now."""
+    the requeue); the test lets it start 3 s from when it sees it waiting. (At once is too soon:
+    slurmd refuses a start in the second of the requeue, whose job credential it revoked, and the
+    job ends FAILED.)"""
     deadline = time.monotonic() + timeout
+    moved = 0.0
     while time.monotonic() < deadline:
         states = {row[0]: row[1:] for row in queue(env, "%i", "%T", "%r")}
         state, reason = states.get(job, ["UNKNOWN", ""])
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return state
-        if state == "PENDING" and reason == "BeginTime":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env)
+        if state == "PENDING" and reason == "BeginTime" and time.monotonic() > moved + 10:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+3"], env=env)
+            moved = time.monotonic()
         time.sleep(1)
     raise AssertionError(f"job {job} did not end within {timeout:.0f} s")
 
@@ -205,6 +209,27 @@ def test_an_optuna_search_through_slurm_is_continued_by_the_same_command(
     assert len({tuple(sorted(trial.params.items())) for trial in trials}) == 3
     for trial in trials:
         assert (tmp_path / "search" / str(trial.number) / "metrics.json").is_file()
+
+
+def test_a_job_warned_before_its_time_limit_requeues_and_finishes_as_if_never_stopped(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`sbatch --time=1 --signal=USR1@55`: SLURM signals the job 55 s before its one-minute limit
+    (its controller checks every 30 s or so: anywhere from 5 to 35 s in, while it starts or
+    trains); the run saves and requeues itself, as often as that takes, and ends as the same job
+    with no time limit does."""
+    command = [*SMALL_RUN, "+callbacks.slow._target_=tests.faults.SlowSteps",
+               "+callbacks.slow.seconds=4", "callbacks.preemption.sync_every_n_steps=1"]  # fmt: skip
+    # One task each, so that both jobs fit on the two-core node at once.
+    reference = sbatch(tmp_path / "reference", slurm_cluster, *command, tasks=1)
+    limited = sbatch(tmp_path / "limited", slurm_cluster, *command, tasks=1,
+                     options=("--time=1", "--signal=USR1@55"))  # fmt: skip
+    assert wait_for(reference, slurm_cluster, timeout=600) == "COMPLETED"
+    assert wait_for(limited, slurm_cluster, timeout=600) == "COMPLETED"
+    (output,) = (tmp_path / "limited").glob(f"*-{limited}.out")
+    log = output.read_text()
+    assert "Stopped: SIGUSR1" in log and "Requeued SLURM job" in log, log[-3000:]
+    assert_same_outcome(tmp_path / "reference", tmp_path / "limited")
 
 
 def test_the_local_cluster_refuses_in_one_line_where_it_cannot_start(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,14 @@ def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
     return dict(torch.load(path, map_location="cpu", weights_only=False))
 
 
-def check_same_model(checkpoint: dict[str, Any], model: torch.nn.Module, path: Path) -> None:
-    """Refuse, with one clear message, a checkpoint whose weights do not fit this model."""
+def check_same_model(
+    checkpoint: dict[str, Any],
+    model: torch.nn.Module,
+    path: Path,
+    optional: Callable[[str], bool] = lambda name: False,
+) -> None:
+    """Refuse, with one clear message, a checkpoint whose weights do not fit this model (the
+    names for which `optional` is true may be missing)."""
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     if not expected:
         return  # built later (configure_model): Lightning checks while loading
@@ -167,7 +174,7 @@ def check_same_model(checkpoint: dict[str, Any], model: torch.nn.Module, path: P
         for name, value in checkpoint.get("state_dict", {}).items()
         if isinstance(value, torch.Tensor)
     }
-    missing = sorted(set(expected) - set(stored))
+    missing = sorted(name for name in set(expected) - set(stored) if not optional(name))
     unexpected = sorted(set(stored) - set(expected))
     resized = sorted(n for n in set(expected) & set(stored) if expected[n] != stored[n])
     if missing or unexpected or resized:

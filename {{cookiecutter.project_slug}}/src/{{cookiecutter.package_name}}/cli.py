@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import command_errors, stop_signals
 from .errors import ConfigError, TrainingError
-from .run_names import pasteable, register_run_name_resolver
+from .run_names import pasteable, register_run_name_resolver, verbatim
 
 register_run_name_resolver()
 command_errors.install()
@@ -37,7 +37,16 @@ def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-HYDRA_START_FILES = (".hydra", "train.log", "eval.log", "debug.log", "run_overrides.json", ".lock")
+HYDRA_START_FILES = (
+    ".hydra",
+    "train.log",
+    "eval.log",
+    "predict.log",
+    "export.log",
+    "debug.log",
+    "run_overrides.json",
+    ".lock",
+)
 
 
 def remove_unused_run_dir() -> None:
@@ -114,6 +123,21 @@ def train() -> None:
         stop_signals.ignore_warnings()
 
 
+def predict() -> None:
+    stop_signals.record_from_startup()
+    sys.argv[1:] = [verbatim(argument, ("prompt",)) for argument in sys.argv[1:]]
+    paste_back_arguments()
+    try:
+        predict_main()
+    finally:
+        stop_signals.ignore_warnings()
+
+
+def export() -> None:
+    paste_back_arguments()
+    export_main()
+
+
 def evaluate() -> None:
     stop_signals.record_from_startup()
     paste_back_arguments()
@@ -148,3 +172,19 @@ def evaluate_main(cfg: DictConfig) -> float | None:
     from .evaluate import evaluate as run_evaluation
 
     return _run(run_evaluation, cfg)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="predict")
+def predict_main(cfg: DictConfig) -> float | None:
+    """Run a checkpoint written by `train` on new inputs."""
+    from .predict import predict as run_prediction
+
+    return _run(run_prediction, cfg)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="export")
+def export_main(cfg: DictConfig) -> float | None:
+    """Write a checkpoint as a plain (merged) checkpoint, a torch.export program or ONNX."""
+    from .export import export as run_export
+
+    return _run(run_export, cfg)

@@ -57,6 +57,17 @@ def pasteable(argument: str) -> str:
     return argument
 
 
+def verbatim(argument: str, keys: tuple[str, ...]) -> str:
+    """`key=<any text>` for the given keys (a prompt), quoted so that Hydra reads the text as it
+    is: no grammar, no interpolation."""
+    key, equals, value = argument.partition("=")
+    if not equals or key not in keys:
+        return argument
+    # Hydra keeps a backslash as it is, except in a run before a quote (or the closing quote).
+    value = re.sub(r"(\\+)(?='|$)", lambda run: run.group(1) * 2, value)
+    return f"{key}='" + value.replace("'", "\\'").replace("${", "\\${") + "'"
+
+
 def resolve_run_name(*, _root_: DictConfig) -> str:
     """`${run_name:}` in hydra.run.dir: this command's run name."""
     return run_name(_root_.get("run_name"), HydraConfig.get().job.override_dirname)

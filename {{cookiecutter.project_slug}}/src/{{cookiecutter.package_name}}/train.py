@@ -39,6 +39,7 @@ from .run_names import identifying
 from .run_settings import check_run_settings
 from .runtime import use_hydra_logging_only
 from .targets import check_targets
+from .trained import load_init_weights
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,53 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
         return Start(str(path), not cfg.get("trust_checkpoint"))
     log.info("Starting fresh: no checkpoint in %s", ckpt_dir)
     return Start()
+
+
+def start_from_weights(cfg: DictConfig, model: L.LightningModule, start: Start) -> None:
+    """`init_from`: a new run from another run's weights, with a fresh optimizer, schedule and
+    step counter. With LoRA adapters only they train, and checkpoints hold only them."""
+    if not cfg.get("init_from"):
+        return
+    if cfg.get("ckpt_path"):
+        raise ConfigError(
+            "init_from and ckpt_path are both set: ckpt_path continues another run (its optimizer "
+            "and step counter too), init_from starts a new run from its weights. Keep one."
+        )
+    base = load_init_weights(
+        model, Path(str(cfg.init_from)), trust=bool(cfg.get("trust_checkpoint"))
+    )
+    log.info("Starting from the weights of %s", base["path"])
+    adapted: list[str] = getattr(model, "adapted", [])
+    if adapted:
+        model.base_weights = base  # type: ignore[assignment]
+        trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in model.parameters())
+        log.info(
+            "LoRA on %d layers: %d of %d parameters train (%.2f %%)",
+            len(adapted), trains, total, 100 * trains / total,
+        )  # fmt: skip
+    if start.resumed and start.path:
+        stored = torch.load(start.path, map_location="cpu", weights_only=True, mmap=True)
+        recorded = stored.get("base_weights")
+        if recorded and recorded["sha256"] != base["sha256"]:
+            raise ConfigError(
+                f"init_from={base['path']} has changed since this run started from it (its "
+                f"checkpoint {start.path} was trained on other weights): restore that file, or "
+                "start a new run with another run_name=..."
+            )
+
+
+def validate_before_fine_tuning(
+    cfg: DictConfig, trainer: L.Trainer, model: L.LightningModule, datamodule: Any
+) -> dict[str, float]:
+    """The starting weights' validation metrics (`init/...`), for a run with `init_from`. A resumed
+    run measures them again: the adapters start where the base is, so the values are the same."""
+    if not cfg.get("init_from"):
+        return {}
+    measured = trainer.validate(model, datamodule, verbose=False)
+    return {
+        f"init/{name}": float(value) for name, value in (measured[0] if measured else {}).items()
+    }
 
 
 def identifying_overrides() -> list[str] | None:
@@ -185,6 +233,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
     start = starting_checkpoint(cfg, model)
+    start_from_weights(cfg, model, start)
     with config_errors():
         loggers = instantiate_loggers(cfg.get("logger"))
         callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
@@ -206,8 +255,15 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     else:
         progress.restores_progress = start.resumed
         progress.restores_stop = not finished.get("fit_finished")
+        before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
         trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
         metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
+        if before:
+            metrics.update(before)
+            log.info(
+                "Validation loss %.4f before fine-tuning, %.4f after",
+                before["init/val/loss"], metrics.get("val/loss", float("nan")),
+            )  # fmt: skip
         saved = save_finished_fit(trainer, progress, cfg)
     if stop_signals.received():
         raise stop(trainer, "after training", Path(saved) if saved else None)

@@ -123,3 +123,7 @@ class SplitDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader[Any]:
         return self.loader("test")
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        """The `predict` split, which the predict recipe sets (new inputs, or another split)."""
+        return self.loader("predict")

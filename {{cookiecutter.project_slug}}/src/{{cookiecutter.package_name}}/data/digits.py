@@ -10,12 +10,14 @@ import csv
 import gzip
 import io
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from .base import SplitDataModule, split_indices
+from .image_files import read_gray_images
 
 PIXEL_MAX = 16.0
 
@@ -50,6 +52,12 @@ class DigitsDataModule(SplitDataModule):
             name: TensorDataset(images[idx], labels[idx])
             for name, idx in (("train", train), ("val", val), ("test", test))
         }
+
+    @staticmethod
+    def images_from_files(paths: list[Path]) -> torch.Tensor:
+        """Image files as training images: 8x8, ink bright on dark, values 0..16."""
+        images = read_gray_images(paths, 8, 8).float()
+        return images.mul_(PIXEL_MAX / 255).round_().to(torch.uint8)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         images, labels = batch

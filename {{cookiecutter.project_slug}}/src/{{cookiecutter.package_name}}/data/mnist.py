@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from ..errors import ConfigError
 from .base import SplitDataModule, split_indices
+from .image_files import read_gray_images
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,11 @@ class MNISTDataModule(SplitDataModule):
             "val": TensorDataset(images[val], labels[val]),
             "test": TensorDataset(*self._read("t10k")),
         }
+
+    @staticmethod
+    def images_from_files(paths: list[Path]) -> torch.Tensor:
+        """Image files as training images: 28x28 grayscale, ink bright on dark."""
+        return read_gray_images(paths, 28, 28)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         images, labels = batch

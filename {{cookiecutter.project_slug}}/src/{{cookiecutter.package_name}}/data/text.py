@@ -41,7 +41,10 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def corpus_files(source: str) -> list[Path]:
-    """`stdlib`, a file, or a folder (every file under it, in sorted order)."""
+    """`stdlib`, `project_configs` (this project's YAML configs, for the fine-tuning example), a
+    file, or a folder (every file under it, in sorted order)."""
+    if source == "project_configs":
+        return sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
         return sorted(

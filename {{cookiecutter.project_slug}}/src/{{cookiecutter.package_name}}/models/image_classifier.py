@@ -92,6 +92,12 @@ class ImageClassifier(L.LightningModule):
         self.log("test/loss", self.test_loss)
         self.log("test/acc", self.test_acc)
 
+    def predict_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
+        """Class probabilities (batch, classes)."""
+        return F.softmax(self(batch[0]).float(), dim=-1)
+
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,

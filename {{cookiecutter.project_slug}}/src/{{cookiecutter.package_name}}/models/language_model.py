@@ -8,10 +8,10 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 
+from .lora import add_adapters, is_adapter
 from .nets.gpt import GPT
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
 from .step_logging import is_logging_step
@@ -24,11 +24,21 @@ class LanguageModel(L.LightningModule):
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler", "lora"])
         self.net = net
+        self.adapted = add_adapters(net, **dict(lora)) if lora else []
+        # Fine-tuning checkpoints hold only the adapters; the rest is the base's, loaded already
+        # (ModelParallelStrategy loads weights before `on_load_checkpoint` could fill them in).
+        self.strict_loading = not self.adapted
+        # Where the frozen weights of a fine-tuning run come from ({"path", "sha256"}), set by
+        # the train recipe for `init_from`: its checkpoints then hold only what trains.
+        self.base_weights: dict[str, str] | None = None
+        # How predict_step samples (GPT.generate's arguments), set by the predict recipe.
+        self.generation: dict[str, Any] = {"max_new_tokens": 100}
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.val_loss = MeanMetric()
@@ -42,7 +52,7 @@ class LanguageModel(L.LightningModule):
 
     def configure_model(self) -> None:
         """Under ModelParallelStrategy: compile each block, then shard it with FSDP2."""
-        if self.device_mesh is None or isinstance(self.net.wte.weight, DTensor):
+        if self.device_mesh is None or isinstance(self.net, FSDPModule):
             return
         mesh = self.device_mesh["data_parallel"]
         for block in self.net.blocks:
@@ -50,6 +60,22 @@ class LanguageModel(L.LightningModule):
                 block.compile()
             fully_shard(block, mesh=mesh)
         fully_shard(self.net, mesh=mesh)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.adapted and self.base_weights:
+            trains = {name for name, p in self.named_parameters() if p.requires_grad}
+            state = checkpoint["state_dict"]
+            checkpoint["state_dict"] = {k: v for k, v in state.items() if k in trains}
+            checkpoint["base_weights"] = dict(self.base_weights)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A fine-tuning checkpoint holds the adapters; the frozen weights are the ones this
+        module holds already (loaded from `init_from`, which the recipes verify)."""
+        state = checkpoint.get("state_dict")
+        if "base_weights" in checkpoint and state is not None:
+            for name, value in self.state_dict().items():
+                if not is_adapter(name):
+                    state.setdefault(name, value)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.net(idx)
@@ -81,6 +107,10 @@ class LanguageModel(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.log("test/bits_per_byte", self.test_loss.compute() / math.log(2))
+
+    def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        """The prompt (1, seq) and its sampled continuation."""
+        return self.net.generate(batch, **self.generation)
 
     def configure_gradient_clipping(
         self,

@@ -7,11 +7,36 @@ memory-efficient attention kernels on GPUs that have them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+
+class KVCache:
+    """The keys and values of every position seen so far, for each block: with it, generating a
+    token runs the network on that one position instead of the whole context."""
+
+    def __init__(
+        self, batch: int, n_layer: int, n_head: int, head_dim: int, block_size: int,
+        device: torch.device, dtype: torch.dtype,
+    ) -> None:  # fmt: skip
+        shape = (batch, n_head, block_size, head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.block_size = block_size
+        self.length = 0
+
+    def extend(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' keys and values; return those of every position so far."""
+        end = self.length + k.size(2)
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
@@ -25,14 +50,24 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
         batch, seq, channels = x.shape
         q, k, v = self.qkv(x).split(channels, dim=2)
         shape = (batch, seq, self.n_head, channels // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        mask = None
+        if cache is not None and cache.length > 0:
+            # New positions see every cached one and, among themselves, those before them.
+            mask = torch.ones(seq, cache.length + seq, dtype=torch.bool, device=x.device)
+            mask = mask.tril(diagonal=cache.length)
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
+        )  # fmt: skip
         y = y.transpose(1, 2).contiguous().view(batch, seq, channels)
         return self.resid_dropout(self.proj(y))
 
@@ -56,8 +91,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd, dropout, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -108,27 +145,68 @@ class GPT(nn.Module):
         head_dim = self.n_embd // self.n_head
         return 6 * self.num_params() + 12 * self.n_layer * self.n_head * head_dim * seq_len
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         seq = idx.size(1)
-        if seq > self.block_size:
-            raise ValueError(f"sequence length {seq} exceeds block_size {self.block_size}")
-        pos = torch.arange(seq, device=idx.device)
+        start = cache.length if cache is not None else 0
+        if start + seq > self.block_size:
+            raise ValueError(f"sequence length {start + seq} exceeds block_size {self.block_size}")
+        pos = torch.arange(start, start + seq, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.blocks:
+        for layer, block in enumerate(self.blocks):
             if self.activation_checkpointing and self.training:
                 # Keep only each block's input; recompute its activations in the backward pass.
                 x = checkpoint(block, x, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += seq
         return self.lm_head(self.ln_f(x))
+
+    def new_cache(self, batch: int) -> KVCache:
+        weight = self.wte.weight
+        return KVCache(
+            batch, self.n_layer, self.n_head, self.n_embd // self.n_head, self.block_size,
+            weight.device, weight.dtype,
+        )  # fmt: skip
 
     @torch.no_grad()
     def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        kv_cache: bool = True,
+        generator: torch.Generator | None = None,
+        on_token: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """Sample `max_new_tokens` continuations of `idx` (batch, seq)."""
+        """Sample `max_new_tokens` continuations of `idx` (batch, seq); temperature 0 takes the
+        most likely token. The context is the last `block_size` tokens: with the cache, a full
+        cache is refilled from that window, so both ways give the same logits."""
+        cache = None
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.block_size :])[:, -1, :] / temperature
-            next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            if not kv_cache:
+                logits = self(idx[:, -self.block_size :])
+            elif cache is None or cache.length >= self.block_size:
+                cache = self.new_cache(idx.size(0))
+                logits = self(idx[:, -self.block_size :], cache)
+            else:
+                logits = self(idx[:, -1:], cache)
+            next_token = sample(logits[:, -1, :], temperature, top_k, generator)
             idx = torch.cat((idx, next_token), dim=1)
+            if on_token is not None:
+                on_token(next_token)
         return idx
+
+
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row of `logits` (batch, vocab)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)

@@ -1,4 +1,4 @@
-"""`{{ cookiecutter.package_name }}-bench`: time an experiment's training step, in Lightning and in plain PyTorch.
+"""Time an experiment's training step, in Lightning and in plain PyTorch.
 
     {{ cookiecutter.package_name }}-bench{% if cookiecutter.examples != "vision" %} experiment=gpt2_small trainer=gpu{% endif %} bench.steps=50
 
@@ -20,13 +20,10 @@ import logging
 import math
 import platform
 import statistics
-import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -35,18 +32,16 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, open_dict
 
-from .callbacks.throughput import peak_tflops
-from .errors import ConfigError
-from .models.optim import configure_optimizers
-from .run_names import register_run_name_resolver
-from .runtime import (
+from ..callbacks.throughput import peak_tflops
+from ..errors import ConfigError
+from ..models.optim import configure_optimizers
+from ..runtime import (
     configure_matmul_precision,
     resolve_accelerator,
     resolve_precision,
     use_hydra_logging_only,
 )
 
-register_run_name_resolver()
 log = logging.getLogger(__name__)
 
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -483,18 +478,3 @@ def report(results: dict[str, Any]) -> str:
             f"{results['ratio_mean']:.3f} (mean); same batches: {results['same_batches']}"
         )
     return "\n".join(lines)
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="bench")
-def main(cfg: DictConfig) -> None:
-    if (cfg.get("extras") or {}).get("ignore_warnings"):
-        warnings.filterwarnings("ignore")
-    try:
-        bench(cfg)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

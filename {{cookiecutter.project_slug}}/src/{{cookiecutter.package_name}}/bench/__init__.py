@@ -1,0 +1,46 @@
+"""`{{ cookiecutter.package_name }}-bench`: measure an experiment on this machine.
+
+    {{ cookiecutter.package_name }}-bench{% if cookiecutter.examples != "vision" %} experiment=gpt2_small trainer=gpu{% endif %} bench.steps=50
+{%- if cookiecutter.examples != "vision" %}
+    {{ cookiecutter.package_name }}-bench experiment=language bench.generation=true
+{%- endif %}
+
+By default it times the training step, in Lightning and in plain PyTorch (`training`); with
+`bench.generation=true`, a language model's generation speed with and without its key/value
+cache (`generation`).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import hydra
+from omegaconf import DictConfig
+
+from ..errors import ConfigError
+from ..run_names import register_run_name_resolver
+
+register_run_name_resolver()
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    if (cfg.get("extras") or {}).get("ignore_warnings"):
+        warnings.filterwarnings("ignore")
+    try:
+        if cfg.bench.get("generation"):
+            from .generation import bench_generation
+
+            bench_generation(cfg)
+        else:
+            from .training import bench
+
+            bench(cfg)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

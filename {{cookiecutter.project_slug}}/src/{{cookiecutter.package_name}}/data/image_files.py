@@ -1,0 +1,48 @@
+"""Image files (PNG, JPEG and whatever else Pillow reads) as the uint8 tensors the vision data
+modules train on: one channel, resized to the data set's image size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from ..errors import ConfigError
+
+SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def image_paths(inputs: list[str]) -> list[Path]:
+    """Files as given; folders as every image file under them, in sorted order."""
+    paths: list[Path] = []
+    for given in inputs:
+        path = Path(given).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in SUFFIXES)
+            if not found:
+                raise ConfigError(
+                    f"inputs={given} is a folder with no image files ({', '.join(SUFFIXES)})."
+                )
+            paths += found
+        elif path.is_file():
+            paths.append(path)
+        else:
+            raise ConfigError(f"inputs={given} does not exist: pass image files or a folder.")
+    return paths
+
+
+def read_gray_images(paths: list[Path], height: int, width: int) -> torch.Tensor:
+    """(N, 1, height, width) uint8: grayscale, resized with antialiasing."""
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                small = image.convert("L").resize((width, height), Image.Resampling.LANCZOS)
+        except (OSError, UnidentifiedImageError, ValueError) as error:
+            reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+            raise ConfigError(
+                f"cannot read {path} as an image ({reason}): pass PNG or JPEG files."
+            ) from error
+        images.append(torch.frombuffer(bytearray(small.tobytes()), dtype=torch.uint8))
+    return torch.stack(images).reshape(len(paths), 1, height, width)

@@ -1,0 +1,184 @@
+"""The export recipe: a trained model as a file that runs without this project.
+
+- `format=checkpoint`: a plain checkpoint (weights, run config; no optimizer state) with any LoRA
+  adapters merged into their base weights, which `eval`, `predict` and `export` use like any other;
+- `format=pt2`: a `torch.export` program (`torch.export.load(path).module()`);
+- `format=onnx`: ONNX through torch's dynamo exporter (needs the `export` extra).
+
+The program takes what the data module stores (token ids; uint8 images, normalized inside) and
+returns logits. The batch dimension (and a language model's sequence length, up to its context)
+is dynamic. Before the file is written, its outputs on a real test batch of another size are
+compared with the eager model's; above `tolerance` the export fails and nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from . import run_lock
+from .checkpoints import atomic_torch_save
+from .errors import ConfigError
+from .models.lora import merge
+from .trained import Trained, rebuild
+
+log = logging.getLogger(__name__)
+
+FORMATS = {"checkpoint": "ckpt", "pt2": "pt2", "onnx": "onnx"}
+
+
+class Inference(nn.Module):
+    """The network as a program sees it: stored inputs in, logits out, preprocessing inside."""
+
+    def __init__(self, net: nn.Module, datamodule: Any) -> None:
+        super().__init__()
+        self.net = net
+        self.datamodule = datamodule
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs.is_floating_point() or inputs.dtype == torch.uint8:
+            inputs = self.datamodule.on_after_batch_transfer((inputs, None), 0)[0]
+        return self.net(inputs)
+
+
+def export(cfg: DictConfig) -> dict[str, float]:
+    with run_lock.hold(Path(cfg.paths.output_dir)):
+        return export_checkpoint(cfg)
+
+
+def output_path(cfg: DictConfig, fmt: str) -> Path:
+    if cfg.get("output"):
+        return Path(str(cfg.output)).expanduser().resolve()
+    return Path(cfg.paths.output_dir) / f"model.{FORMATS[fmt]}"
+
+
+def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
+    fmt = str(cfg.format)
+    if fmt not in FORMATS:
+        raise ConfigError(f"format={fmt}: use one of {', '.join(FORMATS)}.")
+    trained = rebuild(cfg)
+    net: nn.Module = trained.model.net  # type: ignore[assignment]
+    merged = merge(net)
+    if merged:
+        log.info("Merged the LoRA adapters of %d layers into their weights", merged)
+    path = output_path(cfg, fmt)
+    if fmt == "checkpoint":
+        write_plain_checkpoint(trained, path)
+        return {}
+    net.eval()
+    program = Inference(net, trained.datamodule).eval()
+    example, check = test_batches(trained)
+    tolerance = float(cfg.tolerance)
+    with torch.no_grad():
+        expected = program(check)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if fmt == "pt2":
+            got = export_pt2(program, example, check, temporary, dynamic_shapes(trained, example))
+        else:
+            got = export_onnx(program, example, check, temporary, dynamic_shapes(trained, example))
+        difference = float((got.float() - expected.float()).abs().max())
+        scale = float(expected.float().abs().max())
+        log.info(
+            "Parity on a test batch of %d: max |exported - eager| = %.3g (outputs up to %.3g)",
+            check.size(0), difference, scale,
+        )  # fmt: skip
+        if not difference <= tolerance * max(1.0, scale):
+            raise ConfigError(
+                f"the exported program's outputs differ from the model's by up to {difference:.3g} "
+                f"on a test batch, more than tolerance={tolerance} (relative to outputs up to "
+                f"{scale:.3g}): nothing was written. Export in float32, or raise tolerance."
+            )
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    log.info("Exported %s", path)
+    return {"export/max_abs_difference": difference}
+
+
+def test_batches(trained: Trained) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two batches of stored inputs from the test split: one to trace with, and one of another
+    batch size (and, for token ids, another length) to check the exported program on."""
+    datamodule: Any = trained.datamodule
+    datamodule.setup("test")
+    dataset = datamodule.splits["test"]
+    count = min(len(dataset), 6)
+    if count < 3:
+        raise ConfigError("the test split holds fewer than 3 samples: nothing to check export on.")
+    inputs = torch.stack([dataset[index][0] for index in range(count)])
+    example, check = inputs[:2], inputs[2:]
+    if not example.is_floating_point() and example.dtype != torch.uint8:
+        check = check[:, : max(1, check.size(1) // 2)]
+    return example, check
+
+
+def dynamic_shapes(trained: Trained, example: torch.Tensor) -> dict[str, Any]:
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    if example.is_floating_point() or example.dtype == torch.uint8:
+        return {"inputs": {0: batch}}
+    block_size = int(getattr(trained.model.net, "block_size", example.size(1)))
+    return {"inputs": {0: batch, 1: torch.export.Dim("seq", min=1, max=block_size)}}
+
+
+def export_pt2(
+    program: nn.Module, example: torch.Tensor, check: torch.Tensor, path: Path, shapes: Any
+) -> torch.Tensor:
+    exported = torch.export.export(program, (example,), dynamic_shapes=shapes)
+    with open(path, "wb") as file:
+        torch.export.save(exported, file)
+    with open(path, "rb") as file:
+        loaded = torch.export.load(file)
+    with torch.no_grad():
+        result: torch.Tensor = loaded.module()(check)
+    return result
+
+
+def export_onnx(
+    program: nn.Module, example: torch.Tensor, check: torch.Tensor, path: Path, shapes: Any
+) -> torch.Tensor:
+    try:
+        import onnxruntime
+        import onnxscript  # noqa: F401  (torch's dynamo exporter imports it)
+    except ImportError as error:
+        raise ConfigError(
+            f"format=onnx needs onnx, onnxscript and onnxruntime ({error.name} is missing): "
+            f"pip install '{__package__}[export]'"
+        ) from error
+    for name in ("onnxscript", "onnx_ir", "torch.onnx"):  # a line per optimization pass
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+    exported = torch.onnx.export(
+        program, (example,), dynamo=True, dynamic_shapes=shapes, input_names=["inputs"],
+        output_names=["logits"], verbose=False,
+    )  # fmt: skip
+    if exported is None:
+        raise ConfigError("torch.onnx.export returned no program: update torch and onnxscript.")
+    exported.save(str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (result,) = session.run(None, {"inputs": check.numpy()})
+    return torch.from_numpy(result)
+
+
+def write_plain_checkpoint(trained: Trained, path: Path) -> None:
+    """The weights (adapters merged) and what `eval` and `predict` rebuild the model from; no
+    optimizer or loop state, so it starts new runs (`init_from`) but does not resume one."""
+    checkpoint = {
+        key: value
+        for key, value in trained.checkpoint.items()
+        if key not in ("optimizer_states", "lr_schedulers", "base_weights")
+    }
+    checkpoint["state_dict"] = trained.model.state_dict()
+    model_config = dict(checkpoint["run_config"]["model"])
+    if model_config.get("lora"):
+        model_config["lora"] = None
+    checkpoint["run_config"] = {**checkpoint["run_config"], "model": model_config}
+    atomic_torch_save(checkpoint, path)
+    log.info("Wrote %s", path)

@@ -1,0 +1,210 @@
+"""The predict recipe: a trained model on new inputs, through Lightning's predict loop.
+
+Image classifiers read image files, folders of them, or `inputs=test` (the data set's own test
+split) and write `predictions.csv`: the path, the predicted class, its probability and the top-k.
+Language models continue prompts (`prompt=...`, or `prompt_file=...`, one per line) and write
+`predictions.jsonl`; a single prompt's continuation is also streamed to the terminal."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, ListConfig
+from torch.utils.data import DataLoader, TensorDataset
+
+from . import run_lock
+from .errors import ConfigError
+from .recipe_steps import build_trainer, config_errors, exit_143_on_stop_signals, resolve_machine
+from .run_settings import check_run_settings, check_whole
+from .trained import Trained, rebuild
+
+log = logging.getLogger(__name__)
+
+
+def predict(cfg: DictConfig) -> dict[str, float]:
+    with run_lock.hold(Path(cfg.paths.output_dir)):
+        return predict_checkpoint(cfg)
+
+
+def as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, ListConfig)):
+        return [str(item) for item in value]
+    return [str(value)]
+
+
+def predict_checkpoint(cfg: DictConfig) -> dict[str, float]:
+    machine = resolve_machine(cfg)
+    check_run_settings(cfg)
+    trained = rebuild(cfg)
+    language = callable(getattr(getattr(trained.model, "net", None), "generate", None))
+    given_prompts = cfg.get("prompt") is not None or cfg.get("prompt_file") is not None
+    if language and cfg.get("inputs") is not None:
+        raise ConfigError(
+            f"ckpt_path={trained.path} is a language model: give prompt=... or prompt_file=... "
+            "(one prompt per line), not inputs=..."
+        )
+    if not language and given_prompts:
+        raise ConfigError(
+            f"ckpt_path={trained.path} is an image classifier: give inputs=<image files or "
+            "folder> or inputs=test, not prompts."
+        )
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+    # Every input is read and checked before the trainer exists.
+    if language:
+        prompts, encoded = prompt_inputs(cfg, trained)
+    else:
+        names = image_inputs(cfg, trained)
+    # A single-device command: Lightning's hint to start it with srun means nothing here.
+    warnings.filterwarnings("ignore", message=".*The `srun` command is available")
+    with config_errors():
+        trainer = build_trainer(cfg, machine, callbacks=[], loggers=[])
+    output_dir = Path(cfg.paths.output_dir)
+    with exit_143_on_stop_signals():
+        if language:
+            continue_prompts(cfg, trained, trainer, prompts, encoded, output_dir)
+        else:
+            classify_images(cfg, trained, trainer, names, output_dir)
+    return {}
+
+
+def image_inputs(cfg: DictConfig, trained: Trained) -> list[str]:
+    """The names of the inputs; their images become the data module's `predict` split."""
+    from .data.image_files import image_paths
+
+    datamodule: Any = trained.datamodule
+    inputs = as_list(cfg.get("inputs"))
+    if not inputs:
+        raise ConfigError("inputs is not set: give image files, a folder of them, or inputs=test.")
+    check_whole("top_k_classes", cfg.top_k_classes, 1, allowed=())
+    if inputs == ["test"]:
+        datamodule.setup("test")
+        datamodule.splits = {"predict": datamodule.splits["test"]}
+        return [f"test/{index}" for index in range(len(datamodule.splits["predict"]))]
+    paths = image_paths(inputs)
+    images = datamodule.images_from_files(paths)
+    datamodule.splits = {"predict": TensorDataset(images, torch.full((len(paths),), -1))}
+    return [str(path) for path in paths]
+
+
+def classify_images(
+    cfg: DictConfig, trained: Trained, trainer: L.Trainer, names: list[str], output_dir: Path
+) -> None:
+    batches = trainer.predict(trained.model, datamodule=trained.datamodule)
+    probabilities = torch.cat([batch for batch in batches or []])  # type: ignore[misc]
+    top = probabilities.topk(min(int(cfg.top_k_classes), probabilities.size(1)), dim=1)
+    path = output_dir / "predictions.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "class", "probability", "top_classes", "top_probabilities"])
+        for name, classes, probs in zip(
+            names, top.indices.tolist(), top.values.tolist(), strict=True
+        ):
+            writer.writerow([
+                name, classes[0], f"{probs[0]:.6f}",
+                " ".join(map(str, classes)), " ".join(f"{p:.6f}" for p in probs),
+            ])  # fmt: skip
+    log.info("Predicted %d images: %s", len(names), path)
+
+
+def read_prompts(cfg: DictConfig) -> list[str]:
+    if cfg.get("prompt") is not None and cfg.get("prompt_file") is not None:
+        raise ConfigError("prompt and prompt_file are both set: give one.")
+    if cfg.get("prompt") is not None:
+        return [str(cfg.prompt)]
+    if cfg.get("prompt_file") is None:
+        raise ConfigError(
+            "no prompt: give prompt='...' or prompt_file=<a text file, one prompt per line>."
+        )
+    path = Path(str(cfg.prompt_file)).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"prompt_file={path} cannot be read as UTF-8 text ({reason}).") from error
+    prompts = [line for line in lines if line]
+    if not prompts:
+        raise ConfigError(f"prompt_file={path} holds no prompts (one per line).")
+    return prompts
+
+
+def encode(prompts: list[str], block_size: int) -> list[torch.Tensor]:
+    """UTF-8 bytes, the byte-level model's tokens."""
+    encoded = []
+    for number, prompt in enumerate(prompts, start=1):
+        tokens = prompt.encode("utf-8")
+        where = f"prompt {number}" if len(prompts) > 1 else "the prompt"
+        if not tokens:
+            raise ConfigError(f"{where} is empty: give at least one character.")
+        if len(tokens) > block_size:
+            raise ConfigError(
+                f"{where} is {len(tokens)} bytes long, more than the model's context of "
+                f"{block_size}: shorten it to its last {block_size} bytes or fewer."
+            )
+        encoded.append(torch.tensor(list(tokens), dtype=torch.long))
+    return encoded
+
+
+class Stream:
+    """Print tokens as they come: bytes decoded as UTF-8, a character split over tokens waits
+    for its last byte."""
+
+    def __init__(self) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token: torch.Tensor) -> None:
+        sys.stdout.write(self.decoder.decode(bytes([int(token.item())])))
+        sys.stdout.flush()
+
+
+def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[torch.Tensor]]:
+    model: Any = trained.model
+    prompts = read_prompts(cfg)
+    encoded = encode(prompts, int(model.net.block_size))
+    check_whole("max_new_tokens", cfg.max_new_tokens, 1, allowed=())
+    check_whole("top_k", cfg.top_k, 1)
+    temperature = cfg.temperature
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or temperature < 0
+    ):
+        raise ConfigError(f"temperature={temperature!r}: use a number, 0 (greedy) or more.")
+    return prompts, encoded
+
+
+def continue_prompts(
+    cfg: DictConfig, trained: Trained, trainer: L.Trainer, prompts: list[str],
+    encoded: list[torch.Tensor], output_dir: Path,
+) -> None:  # fmt: skip
+    model: Any = trained.model
+    stream = len(prompts) == 1 and bool(cfg.stream)
+    model.generation = {
+        "max_new_tokens": int(cfg.max_new_tokens), "temperature": float(cfg.temperature),
+        "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": Stream() if stream else None,
+    }  # fmt: skip
+    if stream:
+        sys.stdout.write(prompts[0])
+        sys.stdout.flush()
+    loader: DataLoader[torch.Tensor] = DataLoader(encoded, batch_size=1)  # type: ignore[arg-type]
+    outputs = trainer.predict(model, dataloaders=loader)
+    if stream:
+        sys.stdout.write("\n")
+    path = output_dir / "predictions.jsonl"
+    with path.open("w", encoding="utf-8") as handle:
+        for prompt, tokens, output in zip(prompts, encoded, outputs or [], strict=True):
+            new = output[0, len(tokens) :].tolist()
+            completion = bytes(new).decode("utf-8", errors="replace")
+            handle.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+    log.info("Continued %d prompt%s: %s", len(prompts), "s"[: len(prompts) > 1], path)

@@ -1,0 +1,107 @@
+"""A trained model rebuilt from a checkpoint that `train` wrote, for the commands that use one
+(eval, predict, export), and the weights a fine-tuning run starts from (`init_from`).
+
+A fine-tuning (LoRA) checkpoint holds its adapters and names the checkpoint its frozen weights
+come from, with that file's SHA-256: they are loaded from there and verified."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .checkpoints import check_same_model, read_checkpoint
+from .errors import ConfigError
+from .models.lora import is_adapter
+from .recipe_steps import config_errors
+from .targets import check_targets
+
+
+@dataclass
+class Trained:
+    path: Path
+    checkpoint: dict[str, Any]
+    model: L.LightningModule
+    datamodule: L.LightningDataModule
+
+
+def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
+    """The data and model config that `train` stored in the checkpoint."""
+    if "run_config" not in checkpoint:
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} has no run_config: it was not written by this project's "
+            "train command, so its model and data cannot be rebuilt."
+        )
+    return dict(checkpoint["run_config"])
+
+
+def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
+    """The model and data module of `cfg.ckpt_path`, with `cfg.data` and `cfg.model` merged over
+    the stored configs; the frozen base weights of a fine-tuning run are always loaded, the
+    checkpoint's own weights where `load_weights`."""
+    ckpt_path = Path(str(cfg.ckpt_path)).expanduser().resolve()
+    checkpoint = read_checkpoint(ckpt_path, trust=bool(cfg.get("trust_checkpoint")))
+    stored = read_run_config(checkpoint, ckpt_path)
+    data_cfg = OmegaConf.merge(stored["data"], cfg.get("data") or {})
+    model_cfg = OmegaConf.merge(stored["model"], cfg.get("model") or {})
+    allowed = cfg.get("allowed_targets") or ()
+    check_targets(cfg, allowed)
+    check_targets({"data": data_cfg, "model": model_cfg}, allowed, source=f"{ckpt_path}")
+    with config_errors():
+        datamodule = instantiate(data_cfg)
+        model = instantiate(model_cfg)
+    load_base_weights(model, checkpoint, ckpt_path)
+    if load_weights:
+        model.on_load_checkpoint(checkpoint)
+        check_same_model(checkpoint, model, ckpt_path)
+        model.load_state_dict(checkpoint["state_dict"])
+    return Trained(ckpt_path, checkpoint, model, datamodule)
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_init_weights(model: L.LightningModule, path: Path, trust: bool = False) -> dict[str, str]:
+    """A new run's weights from another run's checkpoint (optimizer, schedule and step counter
+    start fresh); adapters the model adds start as they are. Returns where they came from."""
+    path = path.expanduser().resolve()
+    checkpoint = read_checkpoint(path, trust=trust)
+    if "base_weights" in checkpoint:
+        raise ConfigError(
+            f"init_from={path} holds LoRA adapters, not a whole model: merge them into their base "
+            f"weights first ({__package__}-export ckpt_path={path} format=checkpoint) and start "
+            "from the merged checkpoint."
+        )
+    check_same_model(checkpoint, model, path, optional=is_adapter)
+    model.load_state_dict(checkpoint["state_dict"], strict=False)
+    return {"path": str(path), "sha256": file_digest(path)}
+
+
+def load_base_weights(
+    model: L.LightningModule, checkpoint: dict[str, Any], ckpt_path: Path
+) -> None:
+    base = checkpoint.get("base_weights")
+    if not base:
+        return
+    path = Path(base["path"])
+    if not path.is_file():
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} holds LoRA adapters for the weights in {path}, which is "
+            f"missing: put that checkpoint back there (SHA-256 {base['sha256'][:16]}...)."
+        )
+    if file_digest(path) != base["sha256"]:
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} holds LoRA adapters for the weights in {path}, but that file "
+            "has changed since the fine-tuning run started: restore the original file."
+        )
+    load_init_weights(model, path)

@@ -1,0 +1,143 @@
+"""Using a trained image classifier: image files read as the training images are, the predict
+command's CSV, export with a parity check, and one line for each bad input."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.data.digits import PIXEL_MAX, DigitsDataModule, load_digits
+from {{ cookiecutter.package_name }}.data.image_files import image_paths
+from {{ cookiecutter.package_name }}.errors import ConfigError
+
+from .helpers import PACKAGE, run_cli
+from .killing import entry_point as entry
+
+
+def write_digit(image: torch.Tensor, path: Path, scale: int = 1, mode: str = "L") -> None:
+    """A data set image (values 0..16) as an 8-bit image file, `scale` times larger."""
+    pixels = (image[0].float() * 255 / PIXEL_MAX).round().to(torch.uint8).numpy()
+    picture = Image.fromarray(pixels, "L").convert(mode)
+    picture.resize((8 * scale, 8 * scale), Image.Resampling.NEAREST).save(path)
+
+
+def test_an_image_file_of_a_training_image_reads_back_as_that_image(tmp_path: Path) -> None:
+    images, _ = load_digits()
+    write_digit(images[0], tmp_path / "a.png")
+    write_digit(images[1], tmp_path / "b.png", mode="RGB")
+    read = DigitsDataModule.images_from_files(image_paths([str(tmp_path)]))
+    assert read.dtype == torch.uint8 and read.shape == (2, 1, 8, 8)
+    assert torch.equal(read, images[:2])
+
+
+def test_a_file_that_is_not_an_image_is_named(tmp_path: Path) -> None:
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG but not really")
+    with pytest.raises(ConfigError, match=r"cannot read .*broken.png as an image"):
+        DigitsDataModule.images_from_files(image_paths([str(tmp_path)]))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no image files"):
+        image_paths([str(tmp_path / "empty")])
+
+
+QUIET = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+def command(entry_name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_cli(*entry(entry_name), *args, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cwd = tmp_path_factory.mktemp("digits")
+    result = run_cli("-m", PACKAGE, *QUIET, "trainer.max_epochs=3", "run_name=digits", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd / "logs" / "train" / "runs" / "digits" / "checkpoints" / "last.ckpt"
+
+
+def predictions(folder: Path) -> list[dict[str, str]]:
+    with (folder / "predictions.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.slow
+def test_predict_classifies_image_files_of_any_size_and_the_test_split(
+    trained: Path, tmp_path: Path
+) -> None:
+    images, labels = load_digits()
+    (tmp_path / "in").mkdir()
+    for index in range(8):
+        suffix = "png" if index % 2 else "jpg"
+        write_digit(images[index], tmp_path / "in" / f"{index}.{suffix}", scale=1 + index % 4)
+    runs = []
+    for name in ("first", "second"):
+        result = command("predict", f"ckpt_path={trained}", "inputs=in", "top_k_classes=3",
+                         f"hydra.run.dir={name}", cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(predictions(tmp_path / name))
+    rows = runs[0]
+    assert runs[0] == runs[1]
+    assert [Path(row["path"]).name for row in rows] == [
+        f"{i}.{'png' if i % 2 else 'jpg'}" for i in range(8)
+    ]
+    for row in rows:
+        top = [int(c) for c in row["top_classes"].split()]
+        probabilities = [float(p) for p in row["top_probabilities"].split()]
+        assert len(top) == 3 and top[0] == int(row["class"]) and 0 <= top[0] <= 9
+        assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0001
+    # The PNG files hold the training images exactly: most are recognised after 3 epochs.
+    correct = sum(int(row["class"]) == int(labels[i]) for i, row in enumerate(rows) if i % 2)
+    assert correct >= 3, rows
+    result = command("predict", f"ckpt_path={trained}", "inputs=test", "hydra.run.dir=test",
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(predictions(tmp_path / "test")) == int(len(labels) * 0.2)
+
+
+@pytest.mark.slow
+def test_exported_programs_match_the_model_and_run_without_the_project(
+    trained: Path, tmp_path: Path
+) -> None:
+    for fmt in ("pt2", "onnx"):
+        result = command("export", f"ckpt_path={trained}", f"format={fmt}",
+                         f"output=model.{fmt}", cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    script = f"""
+import sys; sys.modules[{PACKAGE!r}] = None
+import torch, numpy, onnxruntime
+images = torch.randint(0, 17, (5, 1, 8, 8), dtype=torch.uint8)
+logits = torch.export.load("model.pt2").module()(images)
+(other,) = onnxruntime.InferenceSession("model.onnx").run(None, dict(inputs=images.numpy()))
+assert logits.shape == (5, 10), logits.shape
+assert numpy.abs(logits.detach().numpy() - other).max() < 1e-4
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)  # fmt: skip
+    assert result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_bad_inputs_get_one_line_and_leave_nothing(trained: Path, tmp_path: Path) -> None:
+    (tmp_path / "broken.jpg").write_bytes(b"no jpeg here")
+    (tmp_path / "folder").mkdir()
+    cases = {
+        ("inputs=broken.jpg",): ("broken.jpg", "PNG or JPEG"),
+        ("inputs=folder",): ("no image files",),
+        ("inputs=missing.png",): ("does not exist",),
+        (): ("inputs",),
+        ("prompt=hello",): ("image classifier", "inputs="),
+        ("inputs=test", "top_k_classes=0"): ("top_k_classes",),
+    }
+    for args, words in cases.items():
+        result = command("predict", f"ckpt_path={trained}", *args, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr[-3000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+        assert all(word in lines[0] for word in words), lines[0]
+    assert not (tmp_path / "logs").exists()
