@@ -12,7 +12,7 @@ import pytest
 from {{ cookiecutter.package_name }}.bench.training import bench
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
-from .helpers import compose_config
+from .helpers import PACKAGE, compose_config, run_cli
 
 LOOP_FIELDS = [
     "step_time_median_s",
@@ -90,6 +90,27 @@ def test_bench_language_on_cpu(tmp_path: Path) -> None:
     for loop in ("lightning", "plain"):
         figures = results[loop]
         assert figures["tokens_per_sec"] == pytest.approx(figures["samples_per_sec"] * 64)
+
+
+def test_generation_bench_times_both_ways_from_the_command_line(tmp_path: Path) -> None:
+    """Through the console script's own config lookup, as a user runs it."""
+    output = tmp_path / "generation.json"
+    result = run_cli(
+        "-c", f"from {PACKAGE}.bench import main; main()", "experiment=language", "trainer=cpu",
+        "bench.generation=true", "bench.batch=2", "bench.new_tokens=20", "bench.repeats=1",
+        "model.net.n_layer=1", f"bench.output={output}", f"hydra.run.dir={tmp_path}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(output.read_text())
+    for way in ("kv_cache", "recompute"):
+        assert results[way]["tokens_per_sec"] == pytest.approx(2 * 20 / results[way]["seconds"])
+    assert "cache speedup" in result.stdout
+    too_long = run_cli(
+        "-c", f"from {PACKAGE}.bench import main; main()", "experiment=language", "trainer=cpu",
+        "bench.generation=true", "bench.new_tokens=500", cwd=tmp_path,
+    )  # fmt: skip
+    assert too_long.returncode == 1 and "exceeds the model's context" in too_long.stderr
 {%- endif %}
 
 

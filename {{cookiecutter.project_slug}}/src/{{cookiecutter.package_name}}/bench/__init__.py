@@ -24,7 +24,11 @@ from ..run_names import register_run_name_resolver
 register_run_name_resolver()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="bench")
+@hydra.main(
+    version_base="1.3",
+    config_path="pkg://{{ cookiecutter.package_name }}.configs",
+    config_name="bench",
+)
 def main(cfg: DictConfig) -> None:
     if (cfg.get("extras") or {}).get("ignore_warnings"):
         warnings.filterwarnings("ignore")
