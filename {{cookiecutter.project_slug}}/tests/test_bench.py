@@ -11,8 +11,11 @@ import pytest
 
 from {{ cookiecutter.package_name }}.bench.training import bench
 from {{ cookiecutter.package_name }}.errors import ConfigError
-
+{% if cookiecutter.examples != "vision" %}
 from .helpers import PACKAGE, compose_config, run_cli
+{%- else %}
+from .helpers import compose_config
+{%- endif %}
 
 LOOP_FIELDS = [
     "step_time_median_s",

@@ -12,9 +12,17 @@ import pytest
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from {{ cookiecutter.package_name }}.models.lora import LoRALinear, add_adapters, merge
-from {{ cookiecutter.package_name }}.models.nets.gpt import GPT
-from {{ cookiecutter.package_name }}.run_names import verbatim
+from {{ cookiecutter.package_name }}.models.lora import (
+    LoRALinear,
+    add_adapters,
+    merge,
+)
+from {{ cookiecutter.package_name }}.models.nets.gpt import (
+    GPT,
+)
+from {{ cookiecutter.package_name }}.run_names import (
+    verbatim,
+)
 
 from .helpers import PACKAGE, run_cli
 from .killing import COMMON, References, assert_same_outcome, fault, killed_then_finished
@@ -45,7 +53,7 @@ def test_the_cache_gives_the_tokens_of_recomputing_the_whole_context(temperature
 def test_a_cached_forward_in_pieces_gives_the_logits_of_one_pass() -> None:
     net = tiny_gpt()
     tokens = torch.randint(0, 256, (1, 12))
-    cache = net.new_cache(1)
+    cache = net.new_cache()
     pieces = [net(tokens[:, :5], cache), net(tokens[:, 5:6], cache), net(tokens[:, 6:], cache)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), net(tokens), atol=1e-5, rtol=1e-5)
 

@@ -12,9 +12,17 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.data.digits import PIXEL_MAX, DigitsDataModule, load_digits
-from {{ cookiecutter.package_name }}.data.image_files import image_paths
-from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.data.digits import (
+    PIXEL_MAX,
+    DigitsDataModule,
+    load_digits,
+)
+from {{ cookiecutter.package_name }}.data.image_files import (
+    image_paths,
+)
+from {{ cookiecutter.package_name }}.errors import (
+    ConfigError,
+)
 
 from .helpers import PACKAGE, run_cli
 from .killing import entry_point as entry

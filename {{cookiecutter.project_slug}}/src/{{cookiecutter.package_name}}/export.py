@@ -123,9 +123,12 @@ def test_batches(trained: Trained) -> tuple[torch.Tensor, torch.Tensor]:
 def dynamic_shapes(trained: Trained, example: torch.Tensor) -> dict[str, Any]:
     batch = torch.export.Dim("batch", min=1, max=4096)
     if example.is_floating_point() or example.dtype == torch.uint8:
-        return {"inputs": {0: batch}}
+        images = {0: batch}
+        return {"inputs": images}
     block_size = int(getattr(trained.model.net, "block_size", example.size(1)))
-    return {"inputs": {0: batch, 1: torch.export.Dim("seq", min=1, max=block_size)}}
+    sequence = torch.export.Dim("seq", min=1, max=block_size)
+    tokens = {0: batch, 1: sequence}
+    return {"inputs": tokens}
 
 
 def export_pt2(

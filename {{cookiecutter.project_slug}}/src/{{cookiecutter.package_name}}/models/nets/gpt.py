@@ -17,15 +17,12 @@ from torch.utils.checkpoint import checkpoint
 
 class KVCache:
     """The keys and values of every position seen so far, for each block: with it, generating a
-    token runs the network on that one position instead of the whole context."""
+    token runs the network on that one position instead of the whole context. Each block's buffers
+    take the dtype its keys come in (bf16 under autocast)."""
 
-    def __init__(
-        self, batch: int, n_layer: int, n_head: int, head_dim: int, block_size: int,
-        device: torch.device, dtype: torch.dtype,
-    ) -> None:  # fmt: skip
-        shape = (batch, n_head, block_size, head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+    def __init__(self, n_layer: int, block_size: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
         self.block_size = block_size
         self.length = 0
 
@@ -33,10 +30,15 @@ class KVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' keys and values; return those of every position so far."""
+        keys, values = self.keys[layer], self.values[layer]
+        if keys is None or values is None:
+            shape = (k.size(0), k.size(1), self.block_size, k.size(3))
+            keys = self.keys[layer] = k.new_zeros(shape)
+            values = self.values[layer] = v.new_zeros(shape)
         end = self.length + k.size(2)
-        self.keys[layer][:, :, self.length : end] = k
-        self.values[layer][:, :, self.length : end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        keys[:, :, self.length : end] = k
+        values[:, :, self.length : end] = v
+        return keys[:, :, :end], values[:, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
@@ -162,12 +164,8 @@ class GPT(nn.Module):
             cache.length += seq
         return self.lm_head(self.ln_f(x))
 
-    def new_cache(self, batch: int) -> KVCache:
-        weight = self.wte.weight
-        return KVCache(
-            batch, self.n_layer, self.n_head, self.n_embd // self.n_head, self.block_size,
-            weight.device, weight.dtype,
-        )  # fmt: skip
+    def new_cache(self) -> KVCache:
+        return KVCache(self.n_layer, self.block_size)
 
     @torch.no_grad()
     def generate(
@@ -188,7 +186,7 @@ class GPT(nn.Module):
             if not kv_cache:
                 logits = self(idx[:, -self.block_size :])
             elif cache is None or cache.length >= self.block_size:
-                cache = self.new_cache(idx.size(0))
+                cache = self.new_cache()
                 logits = self(idx[:, -self.block_size :], cache)
             else:
                 logits = self(idx[:, -1:], cache)
