@@ -162,3 +162,20 @@ class SlowSteps(Callback):
 
     def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
         time.sleep(self.seconds)
+
+
+class OutOfMemoryAt(Callback):
+    """Raises the error PyTorch raises when the device's memory runs out, at the start of
+    training step `at` (counted from 1), as a batch too large for the device would."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if trainer.global_step + 1 == self.at:
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                "79.19 GiB of which 1.21 GiB is free."
+            )

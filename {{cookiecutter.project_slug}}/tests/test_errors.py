@@ -269,6 +269,26 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_previous_checkpoint
     (kept,) = checkpoints(cfg)
     torch.load(kept, weights_only=True)  # the previous checkpoint, whole
     assert not list(kept.parent.glob(".*tmp*")), f"no partial file left ({line})"
+
+
+def test_out_of_memory_is_one_line_of_advice_and_keeps_the_checkpoints(
+    train_config: ComposeFn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error PyTorch raises for a full device, at step 3, after the step-2 checkpoint."""
+    cfg = train_config(
+        *SHORT_RUN, "callbacks.step_checkpoint.every_n_train_steps=2",
+        "+callbacks.oom._target_=tests.faults.OutOfMemoryAt", "+callbacks.oom.at=3",
+        "allowed_targets=[tests.faults.OutOfMemoryAt]",
+    )  # fmt: skip
+    batch = cfg.data.batch_size
+    line = fails_with(
+        train, cfg, capsys, f"out of memory on cpu with data.batch_size={batch} per device",
+        f"data.batch_size={batch // 2} trainer.accumulate_grad_batches=2", "GiB of",
+        "strategy=model_parallel", "bench.find_batch_size=true", str(cfg.paths.output_dir),
+    )  # fmt: skip
+    assert "Traceback" not in capsys.readouterr().err
+    (kept,) = checkpoints(cfg)
+    assert torch.load(kept, weights_only=True)["global_step"] == 2, line
 {%- if cookiecutter.examples == "language" %}
 
 

@@ -152,6 +152,8 @@ def test_lora_fine_tuning_lowers_the_validation_loss_training_a_small_share(
         name.endswith(("lora_a", "lora_b")) for name in last["state_dict"]
     )
     assert last["base_weights"]["path"] == str(base.resolve())
+    (optimizer,) = last["optimizer_states"]
+    assert len(optimizer["state"]) == len(last["state_dict"]), "the optimizer holds the adapters"
     trained = sum(v.numel() for v in last["state_dict"].values())
     total = sum(v.numel() for v in torch.load(base, weights_only=True)["state_dict"].values())
     assert trained / total <= 0.10, (trained, total)
@@ -304,5 +306,8 @@ def test_bad_inputs_get_one_line_and_leave_nothing(
     torch.save(checkpoint, moved_base)
     one_error_line(command("predict", f"ckpt_path={short}", "prompt=x", cwd=tmp_path),
                    "has changed", str(moved_base))  # fmt: skip
+    result = run_cli("-m", PACKAGE, *FINE_TUNE, f"init_from={moved_base}", "trainer.max_steps=4",
+                     "trainer.val_check_interval=2", "run_name=short", "extend=true", cwd=copy)  # fmt: skip
+    one_error_line(result, "has changed since this run started")
     moved_base.unlink()
     one_error_line(command("evaluate", f"ckpt_path={short}", cwd=tmp_path), "missing")

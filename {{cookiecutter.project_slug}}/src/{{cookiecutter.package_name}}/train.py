@@ -24,8 +24,9 @@ from .checkpoints import (
     newest_valid_checkpoint,
     read_checkpoint,
 )
-from .errors import ConfigError
+from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
+from .memory_advice import out_of_memory_advice, out_of_memory_device
 from .recipe_steps import (
     build_trainer,
     config_errors,
@@ -109,10 +110,12 @@ def start_from_weights(cfg: DictConfig, model: L.LightningModule, start: Start) 
     base = load_init_weights(
         model, Path(str(cfg.init_from)), trust=bool(cfg.get("trust_checkpoint"))
     )
-    log.info("Starting from the weights of %s", base["path"])
     adapted: list[str] = getattr(model, "adapted", [])
     if adapted:
         model.base_weights = base  # type: ignore[assignment]
+    if is_global_zero():
+        log.info("Starting from the weights of %s", base["path"])
+    if adapted and is_global_zero():
         trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in model.parameters())
         log.info(
@@ -220,7 +223,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if done is not None:
             return done
         with exit_143_on_stop_signals():
-            return fit_and_test(cfg)
+            try:
+                return fit_and_test(cfg)
+            except torch.OutOfMemoryError as error:
+                device = out_of_memory_device(error)
+                advice = out_of_memory_advice(cfg, device, cfg.paths.output_dir, __package__)
+                raise TrainingError(advice) from error
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:

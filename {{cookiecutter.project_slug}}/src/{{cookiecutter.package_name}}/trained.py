@@ -91,8 +91,17 @@ def load_base_weights(
     model: L.LightningModule, checkpoint: dict[str, Any], ckpt_path: Path
 ) -> None:
     base = checkpoint.get("base_weights")
-    if not base:
+    if base is None:
         return
+    if not (
+        isinstance(base, dict)
+        and isinstance(base.get("path"), str)
+        and isinstance(base.get("sha256"), str)
+    ):
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} has a malformed base_weights entry (it should name the base "
+            "checkpoint's path and SHA-256): it was not written by this project's train command."
+        )
     path = Path(base["path"])
     if not path.is_file():
         raise ConfigError(
