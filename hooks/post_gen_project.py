@@ -40,12 +40,17 @@ LANGUAGE_FILES = [
     CONFIGS / "data" / "stdlib_text.yaml",
     CONFIGS / "model" / "gpt_tiny.yaml",
     CONFIGS / "model" / "gpt2_small.yaml",
+    CONFIGS / "model" / "gpt2_medium.yaml",
+    CONFIGS / "model" / "gpt_1b.yaml",
     CONFIGS / "experiment" / "language.yaml",
     CONFIGS / "experiment" / "gpt2_small.yaml",
+    CONFIGS / "experiment" / "gpt2_medium.yaml",
+    CONFIGS / "experiment" / "gpt_1b.yaml",
     CONFIGS / "experiment" / "language_finetune.yaml",
     CONFIGS / "hparams_search" / "language_optuna.yaml",
     Path("tests") / "test_language.py",
     Path("tests") / "test_use_language.py",
+    Path("tests") / "test_memory_plan.py",
 ]
 LOGGER_FILES = {
     "wandb": [CONFIGS / "logger" / "wandb.yaml"],

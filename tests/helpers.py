@@ -93,6 +93,8 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/predict.py",
         f"{src}/export.py",
         f"{src}/trained.py",
+        f"{src}/memory_plan.py",
+        f"{src}/memory_advice.py",
         f"{src}/models/lora.py",
         f"{configs}/predict.yaml",
         f"{configs}/export.yaml",
@@ -224,7 +226,12 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/hparams_search/language_optuna.yaml",
             "tests/test_language.py",
             "tests/test_use_language.py",
+            "tests/test_memory_plan.py",
             f"{configs}/experiment/language_finetune.yaml",
+            f"{configs}/experiment/gpt2_medium.yaml",
+            f"{configs}/experiment/gpt_1b.yaml",
+            f"{configs}/model/gpt2_medium.yaml",
+            f"{configs}/model/gpt_1b.yaml",
         }
     if answers["logger"] != "csv":
         files.add(f"{configs}/logger/{answers['logger']}.yaml")

@@ -34,6 +34,7 @@ FIELDS = [
     "accelerator",
     "precision",
     "strategy",
+    "memory",
 ]
 V100 = SimpleNamespace(name="Tesla V100-SXM2-16GB", total_memory=16 * 1024**3, major=7, minor=0)
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 1024**3, major=9, minor=0)
@@ -115,6 +116,21 @@ def test_several_gpus_without_nccl_warn(monkeypatch: pytest.MonkeyPatch) -> None
     assert fields["precision"].startswith("bf16-mixed")
     assert fields["strategy"].startswith("auto (DDP), 2 cuda devices")
     assert any("no NCCL" in problem for problem in problems), problems
+{%- if cookiecutter.examples != "vision" %}
+
+
+def test_a_config_too_big_for_the_gpu_is_warned_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The large experiments' stated batches fit an 80 GB GPU by the estimate; 512 does not."""
+    fake_cuda(monkeypatch, H100)
+    for experiment in ("gpt2_small", "gpt2_medium", "gpt_1b"):
+        fields, problems = doctor.diagnose([f"experiment={experiment}"])
+        assert "GiB per device" in fields["memory"], fields["memory"]
+        assert not any("exceeds" in problem for problem in problems), (experiment, problems)
+    fields, problems = doctor.diagnose(["experiment=gpt2_small", "data.batch_size=512"])
+    assert any("exceeds 90 % of this GPU's 80.0 GiB" in problem for problem in problems)
+{%- endif %}
 {%- if cookiecutter.logger == "wandb" %}
 
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 
 from .errors import ConfigError
+from .memory_plan import fit_warning, plan_for_run
 from .runtime import resolve_accelerator, resolve_precision
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -228,7 +229,7 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         cfg = train_config(overrides)
     except Exception as error:
         problems.append(f"the config does not compose: {reason(error)}")
-        for name in ("disk_free", "accelerator", "precision", "strategy"):
+        for name in ("disk_free", "accelerator", "precision", "strategy", "memory"):
             fields[name] = "unavailable (the config does not compose)"
         return fields, problems
 
@@ -265,6 +266,14 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
             )
         if accelerator == "cuda" and devices > len(gpus):
             problems.append(f"trainer.devices asks for {devices} GPUs but {len(gpus)} are visible.")
+        try:
+            plan = plan_for_run(cfg, precision, devices)
+            fields["memory"] = plan.summary()
+            warning = fit_warning(plan, accelerator)
+            if warning:
+                problems.append(warning)
+        except Exception as error:
+            fields["memory"] = unavailable(error)
         tasks = slurm_tasks_per_node()
         if tasks is not None and tasks != devices:
             problems.append(
@@ -272,7 +281,7 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
                 "Lightning needs one task per device (sbatch --ntasks-per-node="
                 f"{devices}, or trainer.devices={tasks})."
             )
-    for name in ("accelerator", "precision", "strategy"):
+    for name in ("accelerator", "precision", "strategy", "memory"):
         fields.setdefault(name, "unavailable (see the warnings)")
     return fields, problems
 

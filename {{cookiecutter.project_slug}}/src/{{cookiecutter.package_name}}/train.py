@@ -27,6 +27,7 @@ from .checkpoints import (
 from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device
+from .memory_plan import fit_warning, plan_for_run
 from .recipe_steps import (
     build_trainer,
     config_errors,
@@ -60,6 +61,20 @@ def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
         accumulation,
         per_device * devices * nodes * accumulation,
     )
+
+
+def log_memory_plan(cfg: DictConfig, precision: str, accelerator: str, trainer: L.Trainer) -> None:
+    if not trainer.is_global_zero:
+        return
+    try:
+        plan = plan_for_run(cfg, precision, trainer.num_devices)
+    except Exception as error:  # an estimate never stops a run; the reason is logged
+        log.info("No memory estimate: %s", str(error).splitlines()[0] if str(error) else error)
+        return
+    log.info("Memory estimate: %s", plan.summary())
+    warning = fit_warning(plan, accelerator)
+    if warning:
+        log.warning("Memory: %s", warning)
 
 
 def run_config(cfg: DictConfig) -> dict[str, Any]:
@@ -248,6 +263,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
         trainer = build_trainer(cfg, machine, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
+    log_memory_plan(cfg, machine.precision, machine.accelerator, trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]

@@ -1,0 +1,150 @@
+"""Will it fit? A training step's memory per device, from the config alone, before a run starts.
+
+The network is built on the meta device (no memory, no weights) to count its parameters. Per
+device, a training step holds:
+- weights: 4 bytes a parameter (float32 master weights; 2 under bf16-true), and under mixed
+  precision a 16-bit copy of each matrix for the forward pass;
+- gradients and AdamW's two moments, for the parameters that train (all of them, or LoRA's);
+- activations, the tensors autograd saves in the forward pass for the backward pass.
+Weights, gradients and optimizer state are divided among the devices under FSDP
+(`strategy=fsdp`, `strategy=model_parallel`) and whole on each under DDP.
+
+Activations are counted for the GPT (`models/nets/gpt.py`) from what its layers save, per token:
+each block keeps its two LayerNorm inputs in float32 (the residual stream) and 14 x n_embd values
+in the compute dtype (attention and MLP inputs, q/k/v, the attention output, the MLP's hidden
+layer); the loss keeps a float32 log-softmax over the vocabulary. With activation checkpointing a
+block keeps only its input, and one block's activations exist again during its backward pass.
+Other networks get no activation figure. CUDA's own workspace and the allocator's fragmentation
+come on top: leave a margin of about 10 %.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .models.lora import add_adapters
+
+GIB = 2**30
+COMPUTE_BYTES = {"32-true": 4, "64-true": 8, "bf16-true": 2, "16-true": 2}
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per device."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int | None
+    devices: int
+    sharded: bool
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + (self.activations or 0)
+
+    def summary(self) -> str:
+        spread = (
+            f"sharded over {self.devices}" if self.sharded else f"whole on each of {self.devices}"
+        )
+        activations = (
+            f"{self.activations / GIB:.2f}" if self.activations is not None else "not estimated"
+        )
+        return (
+            f"{self.total / GIB:.2f} GiB per device: weights {self.weights / GIB:.2f}, gradients "
+            f"{self.gradients / GIB:.2f}, optimizer {self.optimizer / GIB:.2f} ({spread}), "
+            f"activations {activations}"
+        )
+
+
+def is_sharded(strategy: Any) -> bool:
+    name = str(strategy).lower()
+    return "fsdp" in name or "modelparallel" in name
+
+
+def weight_bytes(precision: str) -> int:
+    return 2 if precision in ("bf16-true", "16-true") else 8 if precision == "64-true" else 4
+
+
+def compute_bytes(precision: str) -> int:
+    return COMPUTE_BYTES.get(precision, 2)
+
+
+def gpt_activation_bytes(net: Any, batch: int, precision: str) -> int:
+    """What one training step's forward pass saves, for `batch` windows of `block_size` tokens."""
+    tokens = batch * net.block_size
+    d, heads, layers = net.n_embd, net.n_head, net.n_layer
+    vocab = net.lm_head.out_features
+    a = compute_bytes(precision)
+    residual = 4 if a != 2 or precision.endswith("mixed") else 2
+    block = 14 * d * a + 2 * d * residual + (4 + heads) * 4
+    if getattr(net, "activation_checkpointing", False):
+        blocks = layers * d * residual + block  # each block's input, and one block recomputed
+    else:
+        blocks = layers * block
+    head = d * residual + d * a + 4 * vocab + 16  # final LayerNorm, lm_head input, log-softmax, ids
+    return tokens * (blocks + head)
+
+
+def plan_memory(
+    model_cfg: DictConfig, batch: int, precision: str, devices: int, strategy: Any
+) -> MemoryPlan:
+    """The memory of one training step per device, for `devices` devices in all."""
+    net_cfg = OmegaConf.to_container(model_cfg.net, resolve=True)
+    with torch.device("meta"):
+        net = instantiate(net_cfg)
+        if model_cfg.get("lora"):
+            add_adapters(net, **OmegaConf.to_container(model_cfg.lora, resolve=True))  # type: ignore[arg-type]
+    params = {id(p): p for p in net.parameters()}.values()
+    count = sum(p.numel() for p in params)
+    trained = sum(p.numel() for p in params if p.requires_grad)
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    adapters = trained if model_cfg.get("lora") else 0
+    cast = sum(m.weight.numel() for m in linears) + adapters
+    per_weight = weight_bytes(precision)
+    weights = count * per_weight
+    if precision.endswith("mixed"):
+        weights += cast * 2  # the 16-bit copies autocast makes of the matrices it multiplies
+    gradients = trained * per_weight
+    optimizer = trained * 2 * per_weight
+    sharded = is_sharded(strategy) and devices > 1
+    share = devices if sharded else 1
+    activations = None
+    if all(hasattr(net, name) for name in ("n_layer", "n_embd", "n_head", "block_size")):
+        activations = gpt_activation_bytes(net, batch, precision)
+    return MemoryPlan(
+        weights // share, gradients // share, optimizer // share, activations, devices, sharded,
+        {"parameters": count, "trained": trained},
+    )  # fmt: skip
+
+
+def plan_for_run(cfg: DictConfig, precision: str, devices: int) -> MemoryPlan:
+    return plan_memory(
+        cfg.model, int(cfg.data.batch_size), precision, devices * int(cfg.trainer.num_nodes),
+        cfg.trainer.get("strategy"),
+    )  # fmt: skip
+
+
+def device_memory_gib(accelerator: str) -> float | None:
+    if accelerator in ("cuda", "gpu") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    return None
+
+
+def fit_warning(plan: MemoryPlan, accelerator: str) -> str | None:
+    """A line when the estimate exceeds the device's memory (GPUs only)."""
+    memory = device_memory_gib(accelerator)
+    if memory is None or plan.total <= 0.9 * memory * GIB:
+        return None
+    return (
+        f"the estimated {plan.total / GIB:.1f} GiB per device exceeds 90 % of this GPU's "
+        f"{memory:.1f} GiB: lower data.batch_size (with trainer.accumulate_grad_batches to keep "
+        "the global batch), set model.net.activation_checkpointing=true, or use "
+        "strategy=model_parallel."
+    )
