@@ -51,6 +51,7 @@ LANGUAGE_FILES = [
     Path("tests") / "test_language.py",
     Path("tests") / "test_use_language.py",
     Path("tests") / "test_memory_plan.py",
+    Path("tests") / "test_fp8.py",
 ]
 LOGGER_FILES = {
     "wandb": [CONFIGS / "logger" / "wandb.yaml"],

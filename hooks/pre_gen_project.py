@@ -34,7 +34,7 @@ DEPENDENCY_MODULES = {
     "hydra_plugins", "identify", "idna", "iniconfig", "isympy", "jinja2", "joblib", "lightning",
     "librt", "lightning_fabric", "lightning_utilities", "mako", "markdown", "markupsafe", "mpmath",
     "multidict", "mypy", "mypy_extensions", "mypyc", "networkx", "nodeenv", "numpy", "nvidia",
-    "omegaconf", "opentelemetry", "optuna", "packaging", "pathspec", "pip", "pkg_resources",
+    "omegaconf", "onnx", "onnx_ir", "onnxruntime", "onnxscript", "opentelemetry", "PIL", "torchao", "optuna", "packaging", "pathspec", "pip", "pkg_resources",
     "platformdirs", "pluggy", "pre_commit", "pre_commit_hooks", "propcache", "psutil", "py",
     "pydantic", "pydantic_core", "pydevd_plugins", "pygments", "pytest", "pytest_cookies", "pytorch_lightning",
     "requests", "rich", "ruamel", "ruff", "sentry_sdk", "setproctitle", "setuptools", "six",

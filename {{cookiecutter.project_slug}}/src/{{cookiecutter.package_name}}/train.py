@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device
 from .memory_plan import fit_warning, plan_for_run
+from .models.fp8 import RECIPES, fp8_layers, import_torchao
 from .recipe_steps import (
     build_trainer,
     config_errors,
@@ -61,6 +63,49 @@ def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
         accumulation,
         per_device * devices * nodes * accumulation,
     )
+
+
+FP8_ON_CPU = "FP8_ON_CPU_FOR_TESTS"
+
+
+def check_fp8(cfg: DictConfig, accelerator: str, model: L.LightningModule) -> None:
+    """`model.fp8` where it can work, or one line saying why not; the layers it leaves in high
+    precision are listed."""
+    recipe = cfg.model.get("fp8")
+    if not recipe:
+        return
+    if recipe not in RECIPES:
+        raise ConfigError(f"model.fp8={recipe!r}: use {', '.join(RECIPES)} or null.")
+    if accelerator == "cuda":
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9):
+            raise ConfigError(
+                f"model.fp8 needs a GPU of compute capability 8.9 or newer (H100, H200, L4, L40S, "
+                f"B200); {torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}. "
+                "Remove model.fp8 (bf16-mixed is the fastest here)."
+            )
+    elif accelerator != "cpu" or os.environ.get(FP8_ON_CPU) != "1":
+        raise ConfigError(
+            f"model.fp8 needs a GPU of compute capability 8.9 or newer; this run is on {accelerator}. "
+            "Remove model.fp8, or run on such a GPU (trainer=gpu)."
+        )
+    try:
+        import_torchao()
+    except ImportError as error:
+        raise ConfigError(
+            f"model.fp8 needs torchao ({error}): pip install '{__package__}[fp8]'"
+        ) from error
+    converted, kept = fp8_layers(model.net)  # type: ignore[arg-type]
+    if not converted:
+        raise ConfigError(
+            "model.fp8: no Linear layer of model.net has dimensions that are multiples of 16 "
+            "(float8 matrix products need them); widen the network or remove model.fp8."
+        )
+    if is_global_zero():
+        log.info(
+            "FP8 (%s): %d Linear layers in float8; in high precision: %s",
+            recipe, len(converted), ", ".join(kept) or "none",
+        )  # fmt: skip
 
 
 def log_memory_plan(cfg: DictConfig, precision: str, accelerator: str, trainer: L.Trainer) -> None:
@@ -255,6 +300,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     with config_errors():
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
+    check_fp8(cfg, machine.accelerator, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
     with config_errors():

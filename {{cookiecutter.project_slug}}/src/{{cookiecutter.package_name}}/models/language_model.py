@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 
+from .fp8 import convert_from_fp8, convert_to_fp8
 from .lora import add_adapters, is_adapter
 from .nets.gpt import GPT
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
@@ -25,6 +26,7 @@ class LanguageModel(L.LightningModule):
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
         lora: dict[str, Any] | None = None,
+        fp8: str | None = None,
     ) -> None:
         super().__init__()
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
@@ -39,6 +41,7 @@ class LanguageModel(L.LightningModule):
         self.base_weights: dict[str, str] | None = None
         # How predict_step samples (GPT.generate's arguments), set by the predict recipe.
         self.generation: dict[str, Any] = {"max_new_tokens": 100}
+        self.fp8_converted = False
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.val_loss = MeanMetric()
@@ -46,14 +49,25 @@ class LanguageModel(L.LightningModule):
         self.tokens_per_sample = net.block_size
         self.flops_per_sample = net.flops_per_token(net.block_size) * net.block_size
 
+    def convert_to_fp8(self, fsdp: bool) -> None:
+        if self.hparams["fp8"] and not self.fp8_converted:
+            convert_to_fp8(self.net, self.hparams["fp8"], fsdp)
+            self.fp8_converted = True
+
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.hparams["compile"] and self.device_mesh is None:
-            self.net.compile()
+        if stage != "fit" and self.fp8_converted:
+            convert_from_fp8(self.net)  # evaluated in the run's precision, matmuls not in float8
+            self.fp8_converted = False
+        if stage == "fit" and self.device_mesh is None:
+            self.convert_to_fp8(fsdp=False)
+            if self.hparams["compile"]:
+                self.net.compile()
 
     def configure_model(self) -> None:
         """Under ModelParallelStrategy: compile each block, then shard it with FSDP2."""
         if self.device_mesh is None or isinstance(self.net, FSDPModule):
             return
+        self.convert_to_fp8(fsdp=True)
         mesh = self.device_mesh["data_parallel"]
         for block in self.net.blocks:
             if self.hparams["compile"]:
