@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.memory_plan import (
-    gpt_activation_bytes,
     plan_memory,
+    transformer_activation_bytes,
 )
 from {{ cookiecutter.package_name }}.models.lora import (
     add_adapters,
@@ -80,16 +80,17 @@ def test_activation_checkpointing_keeps_only_block_inputs(
     layers, width, heads, context, batch = shape
     net = GPT(256, context, layers, heads, width, activation_checkpointing=True).train()
     measured = saved_by_forward(net, batch, mixed=False)
-    one_block = gpt_activation_bytes(GPT(256, context, 1, heads, width), batch, "32-true")
-    full = gpt_activation_bytes(GPT(256, context, layers, heads, width), batch, "32-true")
-    estimate = gpt_activation_bytes(net, batch, "32-true")
+    one_block = transformer_activation_bytes(GPT(256, context, 1, heads, width), batch, "32-true")
+    full = transformer_activation_bytes(GPT(256, context, layers, heads, width), batch, "32-true")
+    estimate = transformer_activation_bytes(net, batch, "32-true")
     assert measured <= estimate <= measured + one_block, (measured, estimate, one_block)
     assert estimate < full
 
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_weights_gradients_and_optimizer_state_match_a_real_step(lora: bool) -> None:
-    extra = {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": TARGETS}}
+    adapters = {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": TARGETS}
+    extra = {"lora": adapters}
     plan = plan_memory(
         model_config(2, 64, 2, 32, **(extra if lora else {})), 2, "32-true", 1, "ddp"
     )

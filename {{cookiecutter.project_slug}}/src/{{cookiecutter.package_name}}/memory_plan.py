@@ -9,7 +9,8 @@ device, a training step holds:
 Weights, gradients and optimizer state are divided among the devices under FSDP
 (`strategy=fsdp`, `strategy=model_parallel`) and whole on each under DDP.
 
-Activations are counted for the GPT (`models/nets/gpt.py`) from what its layers save, per token:
+Activations are counted for decoder-only transformers like the language example's (a network with
+`n_layer`, `n_embd`, `n_head` and `block_size`) from what its layers save, per token:
 each block keeps its two LayerNorm inputs in float32 (the residual stream) and 14 x n_embd values
 in the compute dtype (attention and MLP inputs, q/k/v, the attention output, the MLP's hidden
 layer); the loss keeps a float32 log-softmax over the vocabulary. With activation checkpointing a
@@ -76,7 +77,7 @@ def compute_bytes(precision: str) -> int:
     return COMPUTE_BYTES.get(precision, 2)
 
 
-def gpt_activation_bytes(net: Any, batch: int, precision: str) -> int:
+def transformer_activation_bytes(net: Any, batch: int, precision: str) -> int:
     """What one training step's forward pass saves, for `batch` windows of `block_size` tokens."""
     tokens = batch * net.block_size
     d, heads, layers = net.n_embd, net.n_head, net.n_layer
@@ -117,7 +118,7 @@ def plan_memory(
     share = devices if sharded else 1
     activations = None
     if all(hasattr(net, name) for name in ("n_layer", "n_embd", "n_head", "block_size")):
-        activations = gpt_activation_bytes(net, batch, precision)
+        activations = transformer_activation_bytes(net, batch, precision)
     return MemoryPlan(
         weights // share, gradients // share, optimizer // share, activations, devices, sharded,
         {"parameters": count, "trained": trained},
