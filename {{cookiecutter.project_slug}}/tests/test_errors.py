@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +24,11 @@ from {{ cookiecutter.package_name }}.checkpoints import (
 from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.errors import TrainingError
 from {{ cookiecutter.package_name }}.evaluate import evaluate
+from {{ cookiecutter.package_name }}.export import export as run_export
+from {{ cookiecutter.package_name }}.predict import predict as run_prediction
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn, checkpoints
+from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config
 {%- if cookiecutter.examples == "language" %}
 
 SHORT_RUN = [
@@ -84,6 +87,9 @@ def written(tmp_path: Path) -> Path:
     other_weights = {"layer.weight": torch.ones(2, 2)}
     torch.save({"state_dict": other_weights}, folder / "other_model.ckpt")
     (folder / "corrupt.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    (folder / "text.ckpt").write_text("root:x:0:0:root:/root:/bin/bash\n" * 20)
+    (folder / "random.ckpt").write_bytes(random.Random(0).randbytes(4096))
+    (folder / "empty.ckpt").write_bytes(b"")
     torch.save({"state_dict": {}, "extra": Path("needs/unpickling")}, folder / "pickled.ckpt")
     good = folder / "truncated.ckpt"
     weights = {"w": torch.zeros(1000)}
@@ -157,6 +163,10 @@ def test_gpu_asked_for_without_one(
 EVAL_CASES = {
     "missing checkpoint": ("{dir}/nope.ckpt", ["does not exist"]),
     "corrupt checkpoint": ("{dir}/corrupt.ckpt", ["not a readable checkpoint"]),
+    "a text file": ("{dir}/text.ckpt", ["not a readable checkpoint"]),
+    "random bytes": ("{dir}/random.ckpt", ["not a readable checkpoint"]),
+    "an empty file": ("{dir}/empty.ckpt", ["not a readable checkpoint"]),
+    "a folder": ("{dir}", ["is a folder"]),
     "checkpoint from elsewhere": ("{dir}/no_run_config.ckpt", ["no run_config"]),
     "checkpoint naming code outside the allowlist": ("{dir}/evil_run_config.ckpt", ["os.system", "not allowed"]),
 }  # fmt: skip
@@ -175,6 +185,26 @@ def test_bad_eval_input_gets_one_clear_error(
     path, fragments = EVAL_CASES[case]
     before = snapshot(written)
     fails_with(evaluate, eval_config(f"ckpt_path={path.format(dir=written)}"), capsys, *fragments)
+    assert snapshot(written) == before
+    assert not (tmp_path / "pwned").exists(), "the checkpoint's code ran"
+
+
+@pytest.mark.parametrize("command", ["predict", "export"])
+@pytest.mark.parametrize("case", list(EVAL_CASES))
+def test_bad_checkpoints_for_predict_and_export_get_one_clear_error(
+    command: str, case: str, written: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The same catalogue: both rebuild the model from the checkpoint as eval does."""
+    monkeypatch.chdir(tmp_path)
+    path, fragments = EVAL_CASES[case]
+    before = snapshot(written)
+    overrides = [f"ckpt_path={path.format(dir=written)}", "extras.print_config=false"]
+    if command == "predict":
+        overrides += ["trainer=cpu", "prompt=x", "inputs=null"]
+    cfg = compose_config(command, overrides, tmp_path / command)
+    task = run_prediction if command == "predict" else run_export
+    fails_with(task, cfg, capsys, *fragments)
     assert snapshot(written) == before
     assert not (tmp_path / "pwned").exists(), "the checkpoint's code ran"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,12 @@ from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-UNREADABLE = (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError)
+# What loading a file that is not a whole checkpoint raises (garbage makes the unpickler fail in
+# many ways: a text file gave IndexError).
+UNREADABLE = (
+    RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, IndexError, KeyError,
+    TypeError, AttributeError, zipfile.BadZipFile,
+)  # fmt: skip
 TEMPORARY_GLOB = ".*.ckpt.tmp-*"
 
 
@@ -143,6 +149,12 @@ def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
     try:
         return dict(torch.load(path, map_location="cpu", weights_only=True))
     except pickle.UnpicklingError as error:
+        if "Unsupported operand" in str(error) or "Weights only load failed" not in str(error):
+            # Not a pickle at all (random bytes), as opposed to one that names Python objects.
+            raise ConfigError(
+                f"ckpt_path={path} is not a readable checkpoint ({first_line(error)}): it may be "
+                "truncated or not a PyTorch checkpoint. Pass another file."
+            ) from error
         if not trust:
             raise ConfigError(
                 f"ckpt_path={path} holds Python objects that only full unpickling can load, "

@@ -59,6 +59,20 @@ def output_path(cfg: DictConfig, fmt: str) -> Path:
     return Path(cfg.paths.output_dir) / f"model.{FORMATS[fmt]}"
 
 
+def check_writable(path: Path) -> None:
+    """Before any work: the folder exists (or is made) and takes a file."""
+    probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ConfigError(
+            f"cannot write {path} ({reason}): give output=<a file in a writable folder>."
+        ) from error
+
+
 def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
     fmt = str(cfg.format)
     if fmt not in FORMATS:
@@ -69,6 +83,7 @@ def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
     if merged:
         log.info("Merged the LoRA adapters of %d layers into their weights", merged)
     path = output_path(cfg, fmt)
+    check_writable(path)
     if fmt == "checkpoint":
         write_plain_checkpoint(trained, path)
         return {}
