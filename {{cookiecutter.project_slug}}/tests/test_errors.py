@@ -24,8 +24,12 @@ from {{ cookiecutter.package_name }}.checkpoints import (
 from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.errors import TrainingError
 from {{ cookiecutter.package_name }}.evaluate import evaluate
-from {{ cookiecutter.package_name }}.export import export as run_export
-from {{ cookiecutter.package_name }}.predict import predict as run_prediction
+from {{ cookiecutter.package_name }}.export import (
+    export as run_export,
+)
+from {{ cookiecutter.package_name }}.predict import (
+    predict as run_prediction,
+)
 from {{ cookiecutter.package_name }}.train import train
 
 from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config
