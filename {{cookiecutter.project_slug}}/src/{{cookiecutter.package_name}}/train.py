@@ -328,8 +328,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
         trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
         metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
-        if before:
-            metrics.update(before)
+        metrics.update(before)
+        if before and trainer.is_global_zero:
             log.info(
                 "Validation loss %.4f before fine-tuning, %.4f after",
                 before["init/val/loss"], metrics.get("val/loss", float("nan")),

@@ -4,7 +4,6 @@ The weights are freshly initialized: speed does not depend on their values."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -16,7 +15,14 @@ from omegaconf import DictConfig
 
 from ..errors import ConfigError
 from ..runtime import configure_matmul_precision, resolve_accelerator, resolve_precision
-from .training import AUTOCAST_DTYPES, TRUE_DTYPES, command_line, device_name, peak_memory_gib
+from .training import (
+    AUTOCAST_DTYPES,
+    TRUE_DTYPES,
+    command_line,
+    device_name,
+    peak_memory_gib,
+    publish,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +95,7 @@ def bench_generation(cfg: DictConfig) -> dict[str, Any]:
         results["kv_cache"]["tokens_per_sec"] / results["recompute"]["tokens_per_sec"]
     )
     results["peak_memory_gib"] = peak_memory_gib(device)
-    output = Path(settings.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
-    print(report(results))
-    print(f"Wrote {output}")
+    publish(results, Path(settings.output), report(results))
     return results
 
 

@@ -444,12 +444,16 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
         results["ratio"] = summary["step_time_median_s"] / plain["step_time_median_s"]
         results["ratio_mean"] = summary["step_time_mean_s"] / plain["step_time_mean_s"]
 
-    output = Path(settings.output)
+    publish(results, Path(settings.output), report(results))
+    return results
+
+
+def publish(results: dict[str, Any], output: Path, text: str) -> None:
+    """Print the report and write the results as JSON."""
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2) + "\n")
-    print(report(results))
+    print(text)
     print(f"Wrote {output}")
-    return results
 
 
 def report(results: dict[str, Any]) -> str:
