@@ -252,6 +252,12 @@ def test_exported_programs_match_the_model_and_run_without_the_project(
                          cwd=tmp_path)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Parity on a test batch" in result.stdout + result.stderr and out.is_file()
+    # Above the tolerance the export fails and writes nothing (ONNX differs by about 1e-6).
+    strict = tmp_path / "strict.onnx"
+    result = command("export", f"ckpt_path={ckpt}", "format=onnx", f"output={strict}",
+                     "tolerance=1e-12", cwd=tmp_path)  # fmt: skip
+    one_error_line(result, "more than tolerance=1e-12", "nothing was written")
+    assert not strict.exists() and not list(tmp_path.glob(".strict.onnx*"))
     # The project cannot be imported here, as on a machine where it is not installed.
     script = f"""
 import sys; sys.modules[{PACKAGE!r}] = None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -69,6 +70,15 @@ def exit_143_on_stop_signals() -> Iterator[None]:
         except SIGTERMException:
             log.warning("Stopped by SIGTERM; run the same command to resume.")
             raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
+
+
+def leave_process_group() -> None:
+    """Every rank finishes before any leaves, then each closes its process group. Without it, a
+    rank that exits while another still tears down can take the job's store with it, and the
+    other rank's communication threads abort it (SIGABRT; seen with two torchrun nodes)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def trainer_plugins() -> list[Any]:

@@ -34,6 +34,7 @@ from .recipe_steps import (
     build_trainer,
     config_errors,
     exit_143_on_stop_signals,
+    leave_process_group,
     resolve_machine,
     scalars,
     write_json,
@@ -284,11 +285,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
             return done
         with exit_143_on_stop_signals():
             try:
-                return fit_and_test(cfg)
+                metrics = fit_and_test(cfg)
             except torch.OutOfMemoryError as error:
                 device = out_of_memory_device(error)
                 advice = out_of_memory_advice(cfg, device, cfg.paths.output_dir, __package__)
                 raise TrainingError(advice) from error
+            leave_process_group()
+            return metrics
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
