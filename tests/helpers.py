@@ -266,7 +266,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run(
-    command: list[str], cwd: Path, timeout: int = 900, **env: str
+    command: list[str], cwd: Path, timeout: int = 1800, **env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command,
