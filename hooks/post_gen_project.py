@@ -52,6 +52,7 @@ LANGUAGE_FILES = [
     Path("tests") / "test_use_language.py",
     Path("tests") / "test_memory_plan.py",
     Path("tests") / "test_fp8.py",
+    Path("tests") / "test_sharded_checkpoints.py",
 ]
 LOGGER_FILES = {
     "wandb": [CONFIGS / "logger" / "wandb.yaml"],

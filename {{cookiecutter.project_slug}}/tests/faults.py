@@ -21,6 +21,7 @@ PHASES = (
     "train_step",  # the end of training step `at`, before that step's checkpoint
     "validation",  # a batch of the `at`-th validation inside fit
     "checkpoint_write",  # half-way through writing the `at`-th checkpoint file
+    "shard_write",  # the `at`-th folder of shards written, but not its .metadata (in the background)
     "epoch_end",  # the end of the `at`-th training epoch, before its checkpoints
     "early_stop",  # right after early stopping decided to stop, before its checkpoints
     "fit_end",  # fit's last hook, before the recipe saves the finished fit
@@ -63,9 +64,13 @@ class FaultAt(Callback):
             send(self.signal_name, self.whole_group)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """The two phases reached inside a checkpoint write: half-way through the `at`-th file,
-        and the first write after early stopping decided (Lightning calls early stopping and
-        the checkpoints after every other callback, so no other hook lies between them)."""
+        """The phases reached inside a checkpoint write: half-way through the `at`-th file,
+        the first write after early stopping decided (Lightning calls early stopping and
+        the checkpoints after every other callback, so no other hook lies between them), and a
+        folder of shards whose every rank has written its part, the moment before rank 0 writes
+        the `.metadata` that completes it."""
+        if self.phase == "shard_write" and stage == "fit" and trainer.is_global_zero:
+            self.kill_before_metadata()
         if self.phase not in ("checkpoint_write", "early_stop") or stage != "fit":
             return
         checkpoint_io = trainer.strategy.checkpoint_io
@@ -94,6 +99,21 @@ class FaultAt(Callback):
             return save(checkpoint, path, *args, **kw)
 
         checkpoint_io.save_checkpoint = dies_mid_write  # type: ignore[method-assign]
+
+    def kill_before_metadata(self) -> None:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        finish = FileSystemWriter.finish
+        writes = [0]
+
+        def dies_before_metadata(writer: FileSystemWriter, *args: Any, **kwargs: Any) -> Any:
+            writes[0] += 1
+            if writes[0] == self.at and not self.marker.exists():
+                self.marker.write_text(f"shard_write {self.at}")
+                send("SIGKILL", True)
+            return finish(writer, *args, **kwargs)
+
+        FileSystemWriter.finish = dies_before_metadata  # type: ignore[method-assign]
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -117,12 +117,23 @@ def batches_by_step(cwd: Path) -> dict[str, dict[int, str]]:
     return seen
 
 
+def read_last(path: Path) -> dict[str, Any]:
+    """A single-file checkpoint, or a folder of shards read whole."""
+    if path.is_dir():
+        from {{ cookiecutter.package_name }}.sharded_checkpoints import (
+            read_sharded,
+        )
+
+        return read_sharded(path)
+    return dict(torch.load(path, weights_only=True))
+
+
 def outcome(cwd: Path) -> dict[str, Any]:
     """What a finished run leaves: its metrics, final state, checkpoint files and batches."""
     folder = run_dir(cwd)
     assert (folder / "metrics.json").is_file(), "the run did not finish"
     metrics = json.loads((folder / "metrics.json").read_text())
-    last = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
+    last = read_last(folder / "checkpoints" / "last.ckpt")
     return {
         "metrics": {k: v for k, v in metrics.items() if not k.startswith(TIMING_KEYS)},
         "global_step": last["global_step"],

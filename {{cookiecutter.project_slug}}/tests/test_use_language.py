@@ -25,7 +25,14 @@ from {{ cookiecutter.package_name }}.run_names import (
 )
 
 from .helpers import PACKAGE, run_cli
-from .killing import COMMON, References, assert_same_outcome, fault, killed_then_finished
+from .killing import (
+    COMMON,
+    References,
+    assert_same_outcome,
+    fault,
+    killed_then_finished,
+    read_last,
+)
 from .killing import entry_point as entry
 
 TARGETS = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]
@@ -181,7 +188,7 @@ def test_fine_tuning_runs_under_each_strategy_and_compiled(
     run_dir = tmp_path / "logs" / "train" / "runs" / "tuned"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["val/loss"] < metrics["init/val/loss"], metrics
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    state = read_last(run_dir / "checkpoints" / "last.ckpt")["state_dict"]  # a folder under fsdp2
     assert state and all(name.endswith(("lora_a", "lora_b")) for name in state)
 
 

@@ -15,6 +15,13 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import ConfigError
+from .sharded_checkpoints import (
+    fsync_directory,
+    is_sharded,
+    read_meta,
+    read_sharded,
+    remove,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +46,6 @@ def non_finite_tensors(state_dict: dict[str, Any]) -> list[str]:
         and value.is_floating_point()
         and not bool(torch.isfinite(value).all())
     ]
-
-
-def fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
@@ -85,15 +84,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, Path(path))
 
 
+def finish_checkpoint_writes(strategy: Any) -> None:
+    """Wait until checkpoints that the strategy writes in the background are complete."""
+    finish = getattr(strategy, "finish_checkpoint_writes", None)
+    if finish is not None:
+        finish()
+
+
 def is_global_zero() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def remove_interrupted_writes(ckpt_dir: Path) -> None:
-    """Temporary files of saves that a kill interrupted: never a complete checkpoint."""
+    """Temporary files (or shard folders) of saves that a kill interrupted: never a complete
+    checkpoint."""
     for leftover in ckpt_dir.glob(TEMPORARY_GLOB):
         log.info("Removing %s, left by an interrupted save.", leftover)
-        leftover.unlink(missing_ok=True)
+        remove(leftover)
+
+
+def read_fit_state(path: Path) -> dict[str, Any]:
+    """A checkpoint of this run (a file, or a folder of shards) without its weights' values."""
+    if path.is_dir():
+        return read_meta(path)
+    return dict(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
 
 
 def first_line(error: BaseException) -> str:
@@ -101,9 +115,9 @@ def first_line(error: BaseException) -> str:
 
 
 def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest checkpoint that loads with weights_only=True. An unreadable one is moved aside
-    as `<name>.corrupt`, never deleted, and the one before it is used, with one warning naming
-    both."""
+    """The newest checkpoint that loads with weights_only=True (a file, or a folder of shards
+    whose metadata is safe to read). An unreadable one is moved aside as `<name>.corrupt`, never
+    deleted, and the one before it is used, with one warning naming both."""
     if is_global_zero():
         remove_interrupted_writes(ckpt_dir)
     candidates = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -111,7 +125,7 @@ def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
     chosen = None
     for path in candidates:
         try:
-            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            read_fit_state(path)
         except UNREADABLE as error:
             unreadable.append((path, first_line(error)))
             continue
@@ -133,7 +147,16 @@ def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
 
 def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
     """A checkpoint given on the command line, loaded safely (weights_only=True), or one error
-    saying what is wrong. Full unpickling, which runs code from the file, needs `trust`."""
+    saying what is wrong. Full unpickling, which runs code from the file, needs `trust`. A folder
+    of shards is read whole into memory."""
+    if is_sharded(path):
+        try:
+            return read_sharded(path)
+        except UNREADABLE as error:
+            raise ConfigError(
+                f"ckpt_path={path} is not a readable sharded checkpoint ({first_line(error)}): "
+                "it may be incomplete, damaged or not written by this project. Pass another one."
+            ) from error
     if path.is_dir():
         inside = sorted(path.glob("**/*.ckpt"), key=lambda p: p.stat().st_mtime)
         example = inside[-1] if inside else path / "checkpoints" / "last.ckpt"

@@ -32,7 +32,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
     machine = resolve_machine(cfg)
     check_run_settings(cfg)
-    trained = rebuild(cfg, load_weights=False)
+    sharded = Path(str(cfg.ckpt_path)).expanduser().is_dir()  # read whole into memory here
+    trained = rebuild(cfg, load_weights=sharded)
     model, datamodule, ckpt_path = trained.model, trained.datamodule, trained.path
     with config_errors():
         loggers = instantiate_loggers(cfg.get("logger"))
@@ -43,7 +44,8 @@ def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
     with exit_143_on_stop_signals():
         trust = bool(cfg.get("trust_checkpoint"))
-        trainer.test(model, datamodule, ckpt_path=str(ckpt_path), weights_only=not trust)
+        tested = None if sharded else str(ckpt_path)
+        trainer.test(model, datamodule, ckpt_path=tested, weights_only=not trust)
     metrics = scalars(trainer.callback_metrics)
     write_metrics(metrics, cfg.paths.output_dir)
     return metrics

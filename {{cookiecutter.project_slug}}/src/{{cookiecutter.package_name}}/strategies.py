@@ -3,11 +3,37 @@
 from __future__ import annotations
 
 import functools
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed.checkpoint as dcp
 from hydra.utils import get_class
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+from torch.distributed.tensor import DTensor
+
+from .checkpoints import NonFiniteWeightsError, non_finite_tensors
+from .errors import ConfigError
+from .sharded_checkpoints import (
+    META,
+    check_metadata,
+    is_sharded,
+    publish,
+    remove,
+    staging_folder,
+)
+
+CHECKPOINT_MODES = ("async", "sync", "consolidated")
 
 
 def fsdp_strategy(
@@ -28,3 +54,125 @@ def fsdp_strategy(
         cpu_offload=cpu_offload,
         state_dict_type="full",
     )
+
+
+class ShardedCheckpointStrategy(ModelParallelStrategy):
+    """FSDP2 / tensor parallelism (Lightning's ModelParallelStrategy) whose checkpoints are folders
+    of shards, each rank writing its own (torch.distributed.checkpoint):
+
+    - `checkpoint="async"`: the state is copied to host memory and training goes on while a
+      background thread writes it; a save waits only for the one before it;
+    - `checkpoint="sync"`: training waits for the write;
+    - `checkpoint="consolidated"`: one file gathered on rank 0, as other strategies write.
+
+    A folder is written under a hidden name and renamed once complete (sharded_checkpoints), and
+    weights with NaN or infinite values are never written (as AtomicCheckpointIO)."""
+
+    def __init__(self, *args: Any, checkpoint: str = "async", **kwargs: Any) -> None:
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ConfigError(
+                f"trainer.strategy.checkpoint={checkpoint} is not one of "
+                f"{', '.join(CHECKPOINT_MODES)}."
+            )
+        kwargs["save_distributed_checkpoint"] = checkpoint != "consolidated"
+        super().__init__(*args, **kwargs)
+        self.checkpoint_mode = checkpoint
+        self.pending: Future[None] | None = None
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self.checkpoint_group: Any = None
+        self.stalls: list[float] = []  # seconds each save held training up
+        self.writes: list[float] = []  # seconds from each save's start to its folder complete
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        started = time.perf_counter()
+        self.finish_checkpoint_writes()
+        if self.checkpoint_mode == "consolidated":
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            self.stalls.append(time.perf_counter() - started)
+            self.writes.append(self.stalls[-1])
+            return
+        path = Path(self.broadcast(filepath))
+        shards = {"state_dict": checkpoint.pop("state_dict")}
+        for index, state in enumerate(checkpoint.pop("optimizer_states", [])):
+            shards[f"optimizer_{index}"] = state
+        self.refuse_non_finite(shards["state_dict"], path)
+        staging = staging_folder(path)
+        if self.is_global_zero:
+            remove(staging)
+            staging.mkdir(parents=True)
+            torch.save(checkpoint, staging / META)
+        self.barrier("checkpoint staging folder")
+        if self.checkpoint_mode == "sync":
+            dcp.save(shards, checkpoint_id=staging)
+            if self.is_global_zero:
+                publish(staging, path)
+        else:
+            if self.checkpoint_group is None:
+                # The writer thread's collectives must not interleave with training's.
+                self.checkpoint_group = torch.distributed.new_group(backend="gloo")
+            written = dcp.async_save(
+                shards, checkpoint_id=staging, process_group=self.checkpoint_group
+            )
+            assert isinstance(written, Future)
+            self.pending = self.writer.submit(self.published, staging, path, started, written)
+        self.stalls.append(time.perf_counter() - started)
+        if self.checkpoint_mode == "sync":
+            self.writes.append(self.stalls[-1])
+
+    def published(self, staging: Path, path: Path, started: float, written: Future[Any]) -> None:
+        """The end of a background write: rank 0 renames the complete folder."""
+        written.result()
+        if self.is_global_zero:
+            publish(staging, path)
+        self.writes.append(time.perf_counter() - started)
+
+    def finish_checkpoint_writes(self, all_ranks: bool = True) -> None:
+        """Wait for the save in flight, if any (raising what it raised), and for its folder to
+        be renamed (on every rank when `all_ranks`: rank 0 renames)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+        if all_ranks and self.checkpoint_mode != "consolidated":
+            self.barrier("checkpoint written")
+
+    def refuse_non_finite(self, state_dict: dict[str, Any], path: Path) -> None:
+        local = {
+            name: value.to_local() if isinstance(value, DTensor) else value
+            for name, value in state_dict.items()
+        }
+        bad = non_finite_tensors(local)
+        if self.reduce(torch.tensor(float(len(bad))), reduce_op="sum").item() > 0:
+            raise NonFiniteWeightsError(
+                f"Not writing {path}: non-finite values in "
+                f"{', '.join(bad[:5]) or 'weights of another rank'}. The previous checkpoints "
+                "stay as they were."
+            )
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
+        """As Lightning's, but reading `.metadata` only once it is known to be safe, and letting
+        a module that loads non-strictly (LoRA adapters) read a folder that lacks weights."""
+        self.finish_checkpoint_writes()
+        path = Path(self.broadcast(checkpoint_path))
+        if not is_sharded(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        check_metadata(path)
+        assert self.lightning_module is not None and self.model is not None
+        strict = self.lightning_module.strict_loading
+        planner = DefaultLoadPlanner(allow_partial_load=not strict)
+        weights = {"state_dict": get_model_state_dict(self.model)}
+        dcp.load(weights, checkpoint_id=path, planner=planner)
+        self.model.load_state_dict(weights["state_dict"], strict=strict)
+        for index, optimizer in enumerate(self.optimizers):
+            key = f"optimizer_{index}"
+            state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            dcp.load(state, checkpoint_id=path, planner=planner)
+            set_optimizer_state_dict(
+                self.model, optimizer, state[key], options=StateDictOptions(cpu_offload=True)
+            )
+        return torch.load(path / META, map_location="cpu", weights_only=weights_only is not False)
+
+    def teardown(self) -> None:
+        self.finish_checkpoint_writes(all_ranks=False)  # also reached when one rank failed
+        super().teardown()

@@ -21,9 +21,11 @@ from .callbacks.exact_resume import fit_state
 from .callbacks.preemption import stop
 from .checkpoints import (
     check_same_model,
+    finish_checkpoint_writes,
     is_global_zero,
     newest_valid_checkpoint,
     read_checkpoint,
+    read_fit_state,
 )
 from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
@@ -184,7 +186,7 @@ def start_from_weights(cfg: DictConfig, model: L.LightningModule, start: Start) 
             len(adapted), trains, total, 100 * trains / total,
         )  # fmt: skip
     if start.resumed and start.path:
-        stored = torch.load(start.path, map_location="cpu", weights_only=True, mmap=True)
+        stored = read_fit_state(Path(start.path))
         recorded = stored.get("base_weights")
         if recorded and recorded["sha256"] != base["sha256"]:
             raise ConfigError(
@@ -272,6 +274,7 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
     path = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
     progress.fit_finished, progress.best_model_path = True, best_checkpoint(trainer)
     trainer.save_checkpoint(path, weights_only=False)
+    finish_checkpoint_writes(trainer.strategy)
     return str(path)
 
 
@@ -317,11 +320,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]
 
-    finished = (
-        fit_state(torch.load(start.path, weights_only=True, mmap=True))
-        if start.resumed and start.path
-        else {}
-    )
+    finished = fit_state(read_fit_state(Path(start.path))) if start.resumed and start.path else {}
     if finished.get("fit_finished") and not cfg.get("extend"):
         log.info("Training had finished (%s): testing only.", start.path)
         metrics, best, saved = dict(finished["metrics"]), finished["best_model_path"], start.path

@@ -64,10 +64,14 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
 
 
 def file_digest(path: Path) -> str:
+    """SHA-256 of a file, or of a folder of shards (each file's name and contents, in order)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 24):
-            digest.update(chunk)
+    for part in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        if path.is_dir():
+            digest.update(str(part.relative_to(path)).encode() + b"\0")
+        with open(part, "rb") as file:
+            while chunk := file.read(1 << 24):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -103,7 +107,7 @@ def load_base_weights(
             "checkpoint's path and SHA-256): it was not written by this project's train command."
         )
     path = Path(base["path"])
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(
             f"ckpt_path={ckpt_path} holds LoRA adapters for the weights in {path}, which is "
             f"missing: put that checkpoint back there (SHA-256 {base['sha256'][:16]}...)."

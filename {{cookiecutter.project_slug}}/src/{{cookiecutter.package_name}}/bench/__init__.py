@@ -7,7 +7,8 @@
 
 By default it times the training step, in Lightning and in plain PyTorch (`training`); with
 `bench.generation=true`, a language model's generation speed with and without its key/value
-cache (`generation`).
+cache (`generation`); with `bench.checkpointing=true` under `strategy=model_parallel`, how long
+each way of writing checkpoints holds training up (`checkpointing`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def main(cfg: DictConfig) -> None:
             from .generation import bench_generation
 
             bench_generation(cfg)
+        elif cfg.bench.get("checkpointing"):
+            from .checkpointing import bench_checkpointing
+
+            bench_checkpointing(cfg)
         else:
             from .training import bench
 

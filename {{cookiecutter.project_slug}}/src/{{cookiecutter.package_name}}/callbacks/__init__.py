@@ -3,6 +3,7 @@
 from .exact_resume import ExactResume
 from .non_finite import NonFiniteGuard
 from .preemption import Preempted, Preemption
+from .run_checkpoint import RunCheckpoint
 from .run_config import RunConfigInCheckpoint
 from .step_checkpoint import StepCheckpoint
 from .throughput import Throughput
@@ -12,6 +13,7 @@ __all__ = [
     "NonFiniteGuard",
     "Preempted",
     "Preemption",
+    "RunCheckpoint",
     "RunConfigInCheckpoint",
     "StepCheckpoint",
     "Throughput",

@@ -10,6 +10,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 
 from .. import stop_signals
+from ..checkpoints import finish_checkpoint_writes
 from .exact_resume import validation_follows
 
 log = logging.getLogger(__name__)
@@ -128,4 +129,5 @@ class Preemption(Checkpoint):
         name = received.name if received else "a signal on another rank"
         log.warning("Received %s: saving %s at step %d.", name, self.path, trainer.global_step)
         trainer.save_checkpoint(self.path, weights_only=False)
+        finish_checkpoint_writes(trainer.strategy)
         raise stop(trainer, f"at step {trainer.global_step}", self.path, self.requeue)

@@ -1,20 +1,17 @@
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from .exact_resume import validation_follows
+from .run_checkpoint import RunCheckpoint
 
 
-class StepCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint for `every_n_train_steps` / `train_time_interval`, except that
-    - a save due at a step that a validation follows is made one step later: Lightning resumes a
-      checkpoint taken there as if the validation had run (and early stopping then misses it);
-    - the checkpoint a run resumed from goes like any other once `save_top_k` newer ones exist
-      (Lightning keeps it for ever, so files piled up across repeated kills)."""
+class StepCheckpoint(RunCheckpoint):
+    """A RunCheckpoint for `every_n_train_steps` / `train_time_interval`, except that a save due
+    at a step that a validation follows is made one step later: Lightning resumes a checkpoint
+    taken there as if the validation had run (and early stopping then misses it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -39,10 +36,6 @@ class StepCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, candidates)
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-    def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
-        inside = Path(self.dirpath or "").absolute() in Path(previous).absolute().parents
-        return previous != current and inside
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "owed": self.owed}

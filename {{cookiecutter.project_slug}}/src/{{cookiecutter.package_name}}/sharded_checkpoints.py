@@ -1,0 +1,119 @@
+"""Checkpoints as folders of shards (torch.distributed.checkpoint): each rank writes its own part
+of the weights and optimizer state, rank 0 the rest (`meta.pt`), into a hidden staging folder
+that is renamed to its name only once complete, so a folder under a checkpoint's name is
+always whole."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+METADATA = ".metadata"  # written last by torch.distributed.checkpoint: the shards are complete
+META = "meta.pt"  # Lightning's name for everything but the weights and optimizer state
+
+# What a `.metadata` file may name. torch.distributed.checkpoint reads it with a bare
+# pickle.load, which runs whatever a hostile file names; these are all a real one holds.
+METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}  # fmt: skip
+
+
+class UnsafeMetadata(pickle.UnpicklingError):
+    """A `.metadata` file that names something a real one never holds."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if name in METADATA_CLASSES.get(module, ()) or dtype:
+            return super().find_class(module, name)
+        raise UnsafeMetadata(f"its .metadata names {module}.{name}, which a checkpoint never holds")
+
+
+def is_sharded(path: Path) -> bool:
+    return path.is_dir() and (path / METADATA).is_file()
+
+
+def check_metadata(path: Path) -> None:
+    """Raises (UNREADABLE errors) unless `path/.metadata` holds only what a real one does."""
+    MetadataUnpickler(io.BytesIO((path / METADATA).read_bytes())).load()
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """Everything but the weights and optimizer state (the step, loops and callbacks' states)."""
+    check_metadata(path)
+    return dict(torch.load(path / META, map_location="cpu", weights_only=True))
+
+
+def read_sharded(path: Path) -> dict[str, Any]:
+    """The whole checkpoint in one process's memory, as a single-file one holds it."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    checkpoint = read_meta(path)
+    tensors: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        _load_state_dict(
+            tensors,
+            storage_reader=FileSystemReader(path),
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
+    optimizers = sorted(key for key in tensors if key.startswith("optimizer_"))
+    checkpoint["state_dict"] = tensors.get("state_dict", {})
+    checkpoint["optimizer_states"] = [tensors[key] for key in optimizers]
+    return checkpoint
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def staging_folder(path: Path) -> Path:
+    """Where the checkpoint for `path` is written before it is complete (the same name on every
+    rank; a leftover of a kill matches checkpoints.TEMPORARY_GLOB and is removed on resume)."""
+    return path.with_name(f".{path.name}.tmp-shards")
+
+
+def publish(staging: Path, path: Path) -> None:
+    """Rename the complete `staging` folder to `path`. One that it replaces (last.ckpt) is kept
+    as `<stem>-previous<suffix>` until then, as single-file saves do."""
+    for written in staging.iterdir():
+        if written.is_file():
+            with open(written, "rb") as file:
+                os.fsync(file.fileno())
+    fsync_directory(staging)
+    if path.exists():
+        previous = path.with_name(f"{path.stem}-previous{path.suffix}")
+        remove(previous)
+        path.replace(previous)
+    staging.replace(path)
+    fsync_directory(path.parent)

@@ -1,0 +1,201 @@
+"""Checkpoints as folders of shards (`strategy=model_parallel`): written in the background, never
+taken for complete before they are, resumed exactly after a kill mid-write and on another number
+of processes, read by eval and export, and never a way to run code."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from {{ cookiecutter.package_name }}.checkpoints import (
+    newest_valid_checkpoint,
+    read_checkpoint,
+)
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.sharded_checkpoints import (
+    META,
+    METADATA,
+    publish,
+    staging_folder,
+)
+
+from .helpers import PACKAGE, run_cli
+from .killing import (
+    COMMON,
+    References,
+    assert_equal,
+    assert_same_outcome,
+    fault,
+    read_last,
+    run,
+    run_dir,
+)
+
+MODEL_PARALLEL = [
+    "strategy=model_parallel", "trainer.strategy.data_parallel_size=2", "trainer.devices=2",
+]  # fmt: skip
+# The language model under FSDP2 on two gloo processes: a validation every 4 steps, each followed
+# by a step checkpoint, early stopping at step 8 of 12; every checkpoint a folder of shards.
+SHARDED_RUN = [
+    *COMMON, "experiment=language", "model.net.n_layer=2", "data.max_bytes=200000",
+    "trainer.max_steps=12", "trainer.val_check_interval=4", "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2", "callbacks.step_checkpoint.every_n_train_steps=4",
+    *MODEL_PARALLEL,
+]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def write_sharded(path: Path, step: int = 3) -> dict[str, torch.Tensor]:
+    """A folder of shards as the strategy writes one (here from one process)."""
+    weights = {"net.weight": torch.randn(4, 3), "net.bias": torch.randn(4)}
+    dcp.save({"state_dict": weights}, checkpoint_id=path, no_dist=True)
+    torch.save({"global_step": step, "epoch": 0}, path / META)
+    return weights
+
+
+class RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_folder_of_shards_reads_whole(tmp_path: Path) -> None:
+    weights = write_sharded(tmp_path / "last.ckpt")
+    checkpoint = read_checkpoint(tmp_path / "last.ckpt")
+    assert checkpoint["global_step"] == 3
+    assert_equal(weights, checkpoint["state_dict"], "state_dict")
+
+
+def test_a_hostile_metadata_file_runs_nothing(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint unpickles `.metadata` without restriction."""
+    folder = tmp_path / "checkpoints" / "last.ckpt"
+    write_sharded(folder)
+    marker = tmp_path / "ran"
+    (folder / METADATA).write_bytes(pickle.dumps(RunsCode(marker)))
+    with pytest.raises(ConfigError, match=r"not a readable sharded checkpoint .*system") as error:
+        read_checkpoint(folder)
+    assert "\n" not in str(error.value)
+    assert newest_valid_checkpoint(folder.parent) is None
+    assert (folder.parent / "last.ckpt.corrupt").is_dir(), "moved aside, not deleted"
+    assert not marker.exists()
+
+
+def test_only_complete_folders_are_resumed_from(tmp_path: Path) -> None:
+    """A kill leaves the staging folder, or one without the `.metadata` written last; neither is
+    taken for a checkpoint."""
+    ckpt_dir = tmp_path / "checkpoints"
+    write_sharded(ckpt_dir / "step0000004.ckpt", step=4)
+    staging = staging_folder(ckpt_dir / "last.ckpt")
+    write_sharded(staging, step=8)
+    incomplete = ckpt_dir / "step0000008.ckpt"
+    write_sharded(incomplete, step=8)
+    (incomplete / METADATA).unlink()
+    assert newest_valid_checkpoint(ckpt_dir) == ckpt_dir / "step0000004.ckpt"
+    assert not staging.exists()
+    assert (ckpt_dir / "step0000008.ckpt.corrupt").is_dir()
+
+
+def test_publishing_over_a_checkpoint_keeps_the_previous_one(tmp_path: Path) -> None:
+    last = tmp_path / "last.ckpt"
+    write_sharded(last, step=4)
+    staging = staging_folder(last)
+    write_sharded(staging, step=8)
+    publish(staging, last)
+    assert read_checkpoint(last)["global_step"] == 8
+    assert read_checkpoint(tmp_path / "last-previous.ckpt")["global_step"] == 4
+    assert not staging.exists()
+
+
+@pytest.mark.slow
+def test_killed_while_shards_are_written_in_the_background_finishes_exactly(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """The second save's shards are on disk but its `.metadata` is not: the folder stays under
+    its staging name, the run resumes from the save before, and ends as if never killed."""
+    cwd = tmp_path / "run"
+    command = [*SHARDED_RUN, *fault("shard_write", 2, tmp_path / "fired")]
+    code, output = run(command, cwd)
+    assert code == -signal.SIGKILL, f"the fault did not fire:\n{output[-3000:]}"
+    checkpoints = run_dir(cwd) / "checkpoints"
+    assert list(checkpoints.glob(".*.tmp-shards")), "the interrupted save is under its staging name"
+    for folder in checkpoints.glob("*.ckpt"):
+        assert (folder / METADATA).is_file(), f"{folder.name} looks complete but is not"
+    code, output = run(command, cwd)
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run(SHARDED_RUN), cwd)
+    assert (run_dir(cwd) / "checkpoints" / "last.ckpt" / METADATA).is_file()
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_on_one_process_and_evaluates_as_one_file(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Two processes' shards load into one process exactly; eval reads the folder, and export
+    turns it into one file that evaluates the same."""
+    sharded = run_dir(reference_run(SHARDED_RUN)) / "checkpoints" / "last.ckpt"
+    one_process = [arg for arg in SHARDED_RUN if arg not in MODEL_PARALLEL[1:]] + [
+        "trainer.strategy.data_parallel_size=1",
+        "trainer.devices=1",
+        f"ckpt_path={sharded}",
+    ]
+    code, output = run(one_process, tmp_path / "one")
+    assert code == 0, output[-3000:]
+    expected, got = (
+        read_last(sharded),
+        read_last(run_dir(tmp_path / "one") / "checkpoints" / "last.ckpt"),
+    )
+    assert got["global_step"] == expected["global_step"]
+    assert_equal(expected["state_dict"], got["state_dict"], "state_dict")
+    assert_equal(expected["optimizer_states"], got["optimizer_states"], "optimizer_states")
+
+    code, output = run([f"ckpt_path={sharded}", "format=checkpoint"], tmp_path, entry="export")
+    assert code == 0, output[-3000:]
+    (single,) = (tmp_path / "logs" / "export" / "runs").glob("*/model.ckpt")
+    losses = []
+    for checkpoint in (sharded, single):
+        code, output = run(
+            [f"ckpt_path={checkpoint}", "trainer=cpu", "logger=csv"], tmp_path / str(len(losses)),
+            entry="evaluate",
+        )  # fmt: skip
+        assert code == 0, output[-3000:]
+        (metrics,) = (tmp_path / str(len(losses)) / "logs" / "eval" / "runs").glob("*/metrics.json")
+        losses.append(json.loads(metrics.read_text())["test/loss"])
+    assert losses[0] == losses[1]
+
+
+@pytest.mark.slow
+def test_the_checkpoint_bench_measures_each_way_of_saving(tmp_path: Path) -> None:
+    """The figures are machine-dependent; what is checked is that each mode saved as often as
+    asked, wrote a whole checkpoint, and that the stall never exceeds the write."""
+    output = tmp_path / "checkpointing.json"
+    bench = ["-c", f"from {PACKAGE}.bench import main; main()", "experiment=language"]
+    result = run_cli(
+        *bench, "trainer=cpu", *MODEL_PARALLEL[:1], "trainer.strategy.data_parallel_size=1",
+        "trainer.devices=1", "bench.checkpointing=true", "bench.warmup=2", "bench.steps=6",
+        "bench.save_every=2", "model.net.n_layer=1", f"bench.output={output}",
+        f"hydra.run.dir={tmp_path}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(output.read_text())
+    for mode in ("consolidated", "sync", "async"):
+        assert results[mode]["saves"] == 4, mode
+        assert results[mode]["checkpoint_bytes"] > 1e6, mode
+        assert 0 < results[mode]["stall_median_s"] <= results[mode]["write_median_s"], mode
+    assert "stall/save" in result.stdout
+    assert not list(tmp_path.glob("bench-checkpoints-*")), "the measured checkpoints are removed"
+
+    refused = run_cli(*bench, "trainer=cpu", "bench.checkpointing=true", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        "error: bench.checkpointing=true measures the checkpoints of strategy=model_parallel: "
+        "add it."
+    ]
