@@ -53,6 +53,13 @@ LANGUAGE_FILES = [
     Path("tests") / "test_memory_plan.py",
     Path("tests") / "test_fp8.py",
     Path("tests") / "test_sharded_checkpoints.py",
+    Path("tests") / "test_token_shards.py",
+    PACKAGE / "data" / "tokenizer.py",
+    PACKAGE / "data" / "token_shards.py",
+    PACKAGE / "prepare.py",
+    CONFIGS / "prepare.yaml",
+    CONFIGS / "data" / "token_shards.yaml",
+    CONFIGS / "experiment" / "language_bpe.yaml",
 ]
 LOGGER_FILES = {
     "wandb": [CONFIGS / "logger" / "wandb.yaml"],

@@ -64,7 +64,7 @@ def test_callbacks_and_loggers_instantiate(train_config: ComposeFn, tmp_path: Pa
 {%- endif %}
     callbacks = instantiate_callbacks(cfg.callbacks, have_logger=True)
     names = {type(c).__name__ for c in callbacks}
-    assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput"} <= names
+    assert {"RunCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput"} <= names
     loggers = instantiate_group(cfg.logger)
     assert len(loggers) == {% if cookiecutter.logger == "csv" %}1{% else %}2{% endif %}
 

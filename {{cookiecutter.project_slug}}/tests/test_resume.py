@@ -133,7 +133,7 @@ def test_step_checkpoints_can_follow_the_clock(train_config: ComposeFn) -> None:
 @pytest.mark.parametrize(
     ("saver", "warned"),
     [
-        ("lightning.pytorch.callbacks.ModelCheckpoint", True),
+        (f"{PACKAGE}.callbacks.RunCheckpoint", True),  # Lightning's ModelCheckpoint, as to this
         (f"{PACKAGE}.callbacks.StepCheckpoint", False),
     ],
 )

@@ -136,6 +136,13 @@ def predict() -> None:
 def export() -> None:
     paste_back_arguments()
     export_main()
+{%- if cookiecutter.examples != "vision" %}
+
+
+def prepare() -> None:
+    paste_back_arguments()
+    prepare_main()
+{%- endif %}
 
 
 def evaluate() -> None:
@@ -188,3 +195,13 @@ def export_main(cfg: DictConfig) -> float | None:
     from .export import export as run_export
 
     return _run(run_export, cfg)
+{%- if cookiecutter.examples != "vision" %}
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="prepare")
+def prepare_main(cfg: DictConfig) -> float | None:
+    """Tokenize a text corpus into memory-mapped token shards."""
+    from .prepare import prepare as run_preparation
+
+    return _run(run_preparation, cfg)
+{%- endif %}

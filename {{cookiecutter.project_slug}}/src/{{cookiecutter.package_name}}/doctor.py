@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 
+from .data.base import auto_workers, usable_cores
 from .errors import ConfigError
 from .memory_plan import fit_warning, plan_for_run
 from .runtime import resolve_accelerator, resolve_precision
@@ -165,6 +166,16 @@ def slurm_tasks_per_node() -> int | None:
         return None
 
 
+def data_loader(data: Any, accelerator: str, devices: int) -> str:
+    """The loader processes a run would use per training process, and why."""
+    requested = data.get("num_workers", 0)
+    pinned = "pinned memory" if accelerator == "cuda" else "no pinned memory (no CUDA)"
+    if requested != "auto":
+        return f"{requested} workers per process (data.num_workers={requested}), {pinned}"
+    workers, why = auto_workers(accelerator, devices, usable_cores())
+    return f"{workers} workers per process (data.num_workers=auto: {why}), {pinned}"
+
+
 def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
     """The fields to print, in order, and the warnings."""
     fields: dict[str, str] = {}
@@ -229,7 +240,7 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         cfg = train_config(overrides)
     except Exception as error:
         problems.append(f"the config does not compose: {reason(error)}")
-        for name in ("disk_free", "accelerator", "precision", "strategy", "memory"):
+        for name in ("disk_free", "accelerator", "precision", "strategy", "memory", "data_loader"):
             fields[name] = "unavailable (the config does not compose)"
         return fields, problems
 
@@ -274,6 +285,7 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
                 problems.append(warning)
         except Exception as error:
             fields["memory"] = unavailable(error)
+        fields["data_loader"] = data_loader(cfg.get("data") or {}, accelerator, devices)
         tasks = slurm_tasks_per_node()
         if tasks is not None and tasks != devices:
             problems.append(
@@ -281,7 +293,7 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
                 "Lightning needs one task per device (sbatch --ntasks-per-node="
                 f"{devices}, or trainer.devices={tasks})."
             )
-    for name in ("accelerator", "precision", "strategy", "memory"):
+    for name in ("accelerator", "precision", "strategy", "memory", "data_loader"):
         fields.setdefault(name, "unavailable (see the warnings)")
     return fields, problems
 

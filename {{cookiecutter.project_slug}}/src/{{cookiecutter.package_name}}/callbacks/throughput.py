@@ -8,12 +8,15 @@ window that spans a validation run are not reported.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
 
 # Dense (no sparsity) peak TFLOP/s per GPU from the vendors' data sheets: 16-bit tensor cores
 # (bf16/fp16) and TF32. Longer names first: "H100 NVL" must match before "H100".
@@ -47,15 +50,29 @@ class Throughput(Callback):
 
     The LightningModule may define `flops_per_sample` (training FLOPs, forward and backward) and
     `tokens_per_sample`; without them only samples/s is logged. `peak_tflops` overrides the table.
+
+    `perf/data_share` is the host time between one step's end and the next step's start (the
+    batch being fetched and moved) over the window, as `<package>-bench` reports it. The first
+    window above `data_wait_warning` gets one warning saying what to change.
     """
 
-    def __init__(self, log_every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
+    def __init__(
+        self,
+        log_every_n_steps: int = 50,
+        peak_tflops: float | None = None,
+        data_wait_warning: float | None = 0.1,
+    ) -> None:
         self.log_every_n_steps = log_every_n_steps
         self.peak_override = peak_tflops
+        self.data_wait_warning = data_wait_warning
+        self.warned = False
         self.peak: float | None = None
         self._window_start: float | None = None
         self._window_samples = 0
         self._window_steps = 0
+        self._window_wait = 0.0
+        self._window_saved = False
+        self._last_end: float | None = None
         self._skip_window = True
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -68,6 +85,9 @@ class Throughput(Callback):
         self._window_start = time.perf_counter()
         self._window_samples = 0
         self._window_steps = 0
+        self._window_wait = 0.0
+        self._window_saved = False
+        self._last_end = None
         self._skip_window = skip
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -75,6 +95,17 @@ class Throughput(Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restart_window(skip=True)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._window_saved = True
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._last_end is not None:
+            self._window_wait += time.perf_counter() - self._last_end
 
     def on_train_batch_end(
         self,
@@ -88,11 +119,31 @@ class Throughput(Callback):
         self._window_samples += int(inputs.shape[0])
         self._window_steps += 1
         if self._window_steps < self.log_every_n_steps or self._window_start is None:
+            self._last_end = time.perf_counter()
             return
         elapsed = time.perf_counter() - self._window_start
         if not self._skip_window and elapsed > 0:
-            pl_module.log_dict(self.metrics(pl_module, self._window_samples / elapsed, trainer))
+            metrics = self.metrics(pl_module, self._window_samples / elapsed, trainer)
+            if not self._window_saved:  # a save's time would count as waiting for data
+                metrics["perf/data_share"] = self._window_wait / elapsed
+                self.warn_about_data_wait(trainer, metrics["perf/data_share"])
+            pl_module.log_dict(metrics)
         self._restart_window(skip=False)
+        self._last_end = time.perf_counter()
+
+    def warn_about_data_wait(self, trainer: L.Trainer, share: float) -> None:
+        if self.warned or self.data_wait_warning is None or share <= self.data_wait_warning:
+            return
+        self.warned = True
+        if not trainer.is_global_zero:
+            return
+        workers = getattr(trainer.datamodule, "num_workers", None)  # type: ignore[attr-defined]
+        log.warning(
+            "Training waited for data %.0f %% of the time over the last %d steps (step %d): "
+            "raise data.num_workers (now %s), keep data in memory or in memory-mapped shards, "
+            "or make the batch larger. (callbacks.throughput.data_wait_warning=null silences this.)",
+            100 * share, self.log_every_n_steps, trainer.global_step, workers,
+        )  # fmt: skip
 
     def metrics(
         self, pl_module: L.LightningModule, samples_per_sec: float, trainer: L.Trainer

@@ -65,23 +65,58 @@ def init_worker(worker_id: int) -> None:
         pl_worker_init_function(worker_id)
 
 
-class SplitDataModule(L.LightningDataModule):
-    """A data module whose `load_splits` returns the train, val and test data sets."""
+MAX_AUTO_WORKERS = 8
 
-    def __init__(self, batch_size: int, num_workers: int) -> None:
+
+def usable_cores() -> int:
+    """The cores this process may run on (a SLURM job's or container's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def auto_workers(accelerator: str, processes_on_node: int, cores: int) -> tuple[int, str]:
+    """`data.num_workers=auto`: how many loader processes each training process gets, and why."""
+    per_process = max(1, cores // max(1, processes_on_node))
+    if accelerator not in ("cuda", "gpu", "mps"):
+        return 0, "on a CPU the model needs the cores itself: batches load in the training process"
+    workers = min(MAX_AUTO_WORKERS, per_process - 1)
+    return workers, (
+        f"{cores} cores for {processes_on_node} training process(es): {per_process} each, one "
+        f"for training and the rest (at most {MAX_AUTO_WORKERS}) for loading"
+    )
+
+
+class SplitDataModule(L.LightningDataModule):
+    """A data module whose `load_splits` returns the train, val and test data sets.
+
+    `num_workers="auto"` chooses the loader processes from the machine when the loaders are
+    made (`auto_workers`); pinned memory whenever CUDA is there; 4 batches prefetched a worker."""
+
+    def __init__(self, batch_size: int, num_workers: int | str) -> None:
         super().__init__()
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"data.batch_size={batch_size!r}: use a whole number of 1 or more.")
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ConfigError(f"data.num_workers={num_workers!r}: use a whole number, 0 or more.")
+        if num_workers != "auto" and (not isinstance(num_workers, int) or num_workers < 0):
+            raise ConfigError(
+                f"data.num_workers={num_workers!r}: use a whole number, 0 or more, or auto."
+            )
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        self.requested_workers = num_workers
+        self.num_workers = 0 if num_workers == "auto" else int(num_workers)
         self.splits: dict[str, Dataset[Any]] = {}
 
     def load_splits(self) -> dict[str, Dataset[Any]]:
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
+        if self.requested_workers == "auto":
+            trainer = self.trainer
+            accelerator = type(trainer.accelerator).__name__.lower() if trainer else "cpu"
+            device = next((n for n in ("cuda", "mps") if n in accelerator), "cpu")
+            processes = trainer.num_devices if trainer else 1
+            self.num_workers, _ = auto_workers(device, processes, usable_cores())
         if not self.splits:
             self.splits = self.load_splits()
 

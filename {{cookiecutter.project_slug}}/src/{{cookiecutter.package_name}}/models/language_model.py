@@ -18,6 +18,9 @@ from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure
 from .step_logging import is_logging_step
 
 
+LN2 = math.log(2)
+
+
 class LanguageModel(L.LightningModule):
     def __init__(
         self,
@@ -113,14 +116,20 @@ class LanguageModel(L.LightningModule):
         self.log("val/loss", self.val_loss, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
-        self.log("val/bits_per_byte", self.val_loss.compute() / math.log(2))
+        self.log("val/bits_per_byte", self.val_loss.compute() * self.tokens_per_byte("val") / LN2)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.test_loss(self._loss(batch), weight=batch[1].numel())
         self.log("test/loss", self.test_loss)
 
     def on_test_epoch_end(self) -> None:
-        self.log("test/bits_per_byte", self.test_loss.compute() / math.log(2))
+        self.log("test/bits_per_byte", self.test_loss.compute() * self.tokens_per_byte("test") / LN2)
+
+    def tokens_per_byte(self, split: str) -> float:
+        """Of the split's text, from a data module of tokens that knows it; 1 for bytes."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        ratio = getattr(datamodule, "tokens_per_byte", None)
+        return float(ratio(split)) if callable(ratio) else 1.0
 
     def predict_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         """The prompt (1, seq) and its sampled continuation."""

@@ -1,0 +1,82 @@
+"""Tokenizers for token shards: a byte-level BPE (Hugging Face `tokenizers`), trained on the
+corpus, or plain UTF-8 bytes. Both end every document with the `<|endoftext|>` token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+END_OF_TEXT = "<|endoftext|>"
+BYTES = "bytes"
+
+
+class TextTokenizer(Protocol):
+    vocab_size: int
+    end_of_text: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def save(self, path: Path) -> None: ...
+
+
+class ByteTokenizer:
+    """Token i < 256 is byte i; 256 ends a document."""
+
+    vocab_size = 257
+    end_of_text = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"type": BYTES}) + "\n")
+
+
+class BPETokenizer:
+    """A byte-level BPE: any text encodes, and decoding gives it back exactly."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = int(tokenizer.get_vocab_size())
+        self.end_of_text = int(tokenizer.token_to_id(END_OF_TEXT))
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[END_OF_TEXT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        return cls(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def save(self, path: Path) -> None:
+        self.tokenizer.save(str(path))
+
+
+def load_tokenizer(path: Path) -> TextTokenizer:
+    """A tokenizer that `save` wrote (JSON either way: nothing in it runs)."""
+    if json.loads(path.read_text()).get("type") == BYTES:
+        return ByteTokenizer()
+    from tokenizers import Tokenizer
+
+    return BPETokenizer(Tokenizer.from_file(str(path)))

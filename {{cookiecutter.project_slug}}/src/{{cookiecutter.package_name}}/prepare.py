@@ -1,0 +1,267 @@
+"""The prepare recipe: a text corpus -> a tokenizer -> memory-mapped token shards.
+
+The corpus (`source`: stdlib, a file, a folder or a glob) is read as documents (files), each cut
+at line ends into pieces of at most 64 KiB; piece k goes to the validation or test split when
+(k x golden ratio) mod 1 falls in their share, so every split samples the whole corpus. A BPE
+tokenizer is trained on the training split only. Worker processes tokenize the pieces in order,
+each piece followed by `<|endoftext|>`, into shards of at most `shard_tokens` tokens. Everything
+is written to a hidden folder beside `output` and renamed once complete, with `manifest.json`
+(settings, counts, SHA-256 of each shard): a killed run leaves no folder that looks prepared,
+and the same command then starts over.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from .data.text import GOLDEN_RATIO, corpus_files, unreadable
+from .data.token_shards import (
+    FORMAT,
+    MANIFEST,
+    SPLITS,
+    TOKENIZER,
+    read_manifest,
+    token_dtype,
+    unigram_bits,
+)
+from .data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PIECE_BYTES = 64 * 1024
+SETTINGS = ("source", "tokenizer", "vocab_size", "max_bytes", "val_fraction", "test_fraction")
+
+
+def source_files(source: str) -> list[Path]:
+    if any(character in source for character in "*?["):
+        found = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True))
+        files = [path for path in found if path.is_file()]
+        if not files:
+            raise ConfigError(f"source={source} matches no files.")
+        return files
+    return corpus_files(source)
+
+
+def cut(text: str) -> Iterator[str]:
+    """`text` in pieces of at most about PIECE_BYTES, ending at line ends where there are any."""
+    while len(text) > PIECE_BYTES:
+        end = text.rfind("\n", 0, PIECE_BYTES) + 1 or PIECE_BYTES
+        yield text[:end]
+        text = text[end:]
+    if text:
+        yield text
+
+
+def split_pieces(
+    source: str, max_bytes: int | None, val_fraction: float, test_fraction: float
+) -> dict[str, list[str]]:
+    pieces: dict[str, list[str]] = {split: [] for split in SPLITS}
+    total, index = 0, 0
+    for path in source_files(source):
+        try:
+            text = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as error:
+            raise unreadable(path, error, source) from error
+        for piece in cut(text):
+            if max_bytes is not None and total >= max_bytes:
+                break
+            position = (index * GOLDEN_RATIO) % 1.0
+            split = (
+                "val" if position < val_fraction
+                else "test" if position < val_fraction + test_fraction
+                else "train"
+            )  # fmt: skip
+            pieces[split].append(piece)
+            total += len(piece.encode("utf-8"))
+            index += 1
+    if not any(piece.strip() for piece in pieces["train"]):
+        raise ConfigError(f"source={source} holds no text to train on.")
+    for split in ("val", "test"):
+        if not pieces[split]:
+            raise ConfigError(
+                f"source={source} has too little text for a {split} split ({index} pieces of up "
+                f"to {PIECE_BYTES // 1024} KiB): add text or raise {split}_fraction."
+            )
+    return pieces
+
+
+def build_tokenizer(cfg: DictConfig, train_pieces: list[str]) -> TextTokenizer:
+    choice = str(cfg.tokenizer)
+    if choice == BYTES:
+        return ByteTokenizer()
+    if choice == "bpe":
+        if not 257 <= int(cfg.vocab_size) <= 2**32:
+            raise ConfigError(f"vocab_size={cfg.vocab_size}: use 257 or more for a BPE tokenizer.")
+        log.info("Training a BPE tokenizer of %d tokens on the training split", cfg.vocab_size)
+        return BPETokenizer.train(train_pieces, int(cfg.vocab_size))
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"tokenizer={choice}: use bpe, bytes, or the path of a tokenizer.json that this "
+            "command wrote."
+        )
+    try:
+        return load_tokenizer(path)
+    except Exception as error:
+        raise ConfigError(f"tokenizer={choice} is not a readable tokenizer.json ({error}).") from error
+
+
+_worker_tokenizer: TextTokenizer | None = None
+
+
+def start_worker(tokenizer_path: str) -> None:
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _worker_tokenizer = load_tokenizer(Path(tokenizer_path))
+
+
+def encode_pieces(pieces: list[str]) -> np.ndarray[Any, Any]:
+    assert _worker_tokenizer is not None
+    ids: list[int] = []
+    for piece in pieces:
+        ids.extend(_worker_tokenizer.encode(piece))
+        ids.append(_worker_tokenizer.end_of_text)
+    return np.asarray(ids, dtype=np.int64)
+
+
+class ShardWriter:
+    """Appends tokens to `<split>-<n>.bin`, starting a new file every `shard_tokens`."""
+
+    def __init__(self, folder: Path, split: str, dtype: np.dtype[Any], shard_tokens: int) -> None:
+        self.folder, self.split, self.dtype, self.limit = folder, split, dtype, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self.file: Any = None
+        self.digest: Any = None
+
+    def open_next(self) -> None:
+        self.close()
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        self.file, self.digest = open(self.folder / name, "wb"), hashlib.sha256()
+        self.shards.append({"file": name, "tokens": 0, "sha256": ""})
+
+    def write(self, tokens: np.ndarray[Any, Any]) -> None:
+        data = tokens.astype(self.dtype)
+        while len(data):
+            if self.file is None or self.shards[-1]["tokens"] >= self.limit:
+                self.open_next()
+            room = self.limit - self.shards[-1]["tokens"]
+            raw = data[:room].tobytes()
+            self.file.write(raw)
+            self.digest.update(raw)
+            self.shards[-1]["tokens"] += len(data[:room])
+            data = data[room:]
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.shards[-1]["sha256"] = self.digest.hexdigest()
+            self.file = None
+
+
+def batches(pieces: list[str], size: int = 32) -> Iterator[list[str]]:
+    for start in range(0, len(pieces), size):
+        yield pieces[start : start + size]
+
+
+def tokenize_split(
+    pieces: list[str], split: str, folder: Path, manifest: dict[str, Any], cfg: DictConfig,
+    pool: ProcessPoolExecutor,
+) -> np.ndarray[Any, Any]:  # fmt: skip
+    """Writes the split's shards; returns its token counts by id."""
+    vocab = manifest["vocab_size"]
+    writer = ShardWriter(folder, split, np.dtype(manifest["dtype"]), int(cfg.shard_tokens))
+    counts = np.zeros(vocab, dtype=np.int64)
+    progress = tqdm(total=len(pieces), desc=f"Tokenizing {split}", unit="piece", leave=False)
+    for batch, tokens in zip(batches(pieces), pool.map(encode_pieces, batches(pieces))):
+        writer.write(tokens)
+        counts += np.bincount(tokens, minlength=vocab)[:vocab]
+        progress.update(len(batch))
+    progress.close()
+    writer.close()
+    manifest["splits"][split] = {
+        "shards": writer.shards,
+        "tokens": sum(shard["tokens"] for shard in writer.shards),
+        "bytes": sum(len(piece.encode("utf-8")) for piece in pieces),
+        "pieces": len(pieces),
+    }
+    return counts
+
+
+def prepare(cfg: DictConfig) -> dict[str, Any]:
+    output = Path(str(cfg.output)).expanduser()
+    settings = {key: OmegaConf.to_container(cfg, resolve=True)[key] for key in SETTINGS}
+    if (output / MANIFEST).is_file():
+        manifest = read_manifest(output, "output")
+        if manifest.get("settings") != settings:
+            changed = sorted(k for k in SETTINGS if manifest.get("settings", {}).get(k) != settings[k])
+            raise ConfigError(
+                f"output={output} holds token shards of other settings ({', '.join(changed)} "
+                "differ): pick another output=..., or delete that folder to prepare it again."
+            )
+        log.info("%s is already prepared with these settings: nothing to do.", output)
+        return manifest
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ConfigError(
+            f"output={output} exists and is not a folder of token shards: pick another output=..."
+        )
+    if int(cfg.shard_tokens) < 1:
+        raise ConfigError(f"shard_tokens={cfg.shard_tokens}: use 1 or more.")
+    pieces = split_pieces(
+        str(cfg.source), cfg.max_bytes, float(cfg.val_fraction), float(cfg.test_fraction)
+    )
+    tokenizer = build_tokenizer(cfg, pieces["train"])
+    staging = output.with_name(f".{output.name}.tmp-prepare")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    tokenizer.save(staging / TOKENIZER)
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "settings": settings,
+        "tokenizer": TOKENIZER,
+        "vocab_size": tokenizer.vocab_size,
+        "end_of_text": tokenizer.end_of_text,
+        "dtype": token_dtype(tokenizer.vocab_size).str,
+        "splits": {},
+    }
+    train_counts = None
+    workers = int(cfg.workers or os.cpu_count() or 1)
+    with ProcessPoolExecutor(
+        workers, mp_context=get_context("spawn"), initializer=start_worker,
+        initargs=(str(staging / TOKENIZER),),
+    ) as pool:  # fmt: skip
+        for split in SPLITS:
+            counts = tokenize_split(pieces[split], split, staging, manifest, cfg, pool)
+            train_counts = counts if split == "train" else train_counts
+    assert train_counts is not None
+    manifest["unigram_bits_per_token"] = unigram_bits(train_counts.astype(np.float64))
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.exists():
+        output.rmdir()  # empty, checked above
+    staging.replace(output)
+    for split in SPLITS:
+        counts = manifest["splits"][split]
+        log.info(
+            "%s: %d pieces, %d bytes -> %d tokens (%.2f bytes a token) in %d shards",
+            split, counts["pieces"], counts["bytes"], counts["tokens"],
+            counts["bytes"] / max(1, counts["tokens"]), len(counts["shards"]),
+        )  # fmt: skip
+    log.info("Wrote %s", output)
+    return manifest

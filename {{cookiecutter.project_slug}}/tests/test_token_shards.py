@@ -1,0 +1,208 @@
+"""The prepare command and the token-shard data module: a tokenizer that gives text back exactly,
+shards that hold exactly the corpus's tokens, windows split across ranks, exact resume after a
+kill, and one line for each bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from {{ cookiecutter.package_name }}.data.base import ResumableSampler
+from {{ cookiecutter.package_name }}.data.token_shards import (
+    MANIFEST,
+    TokenShardDataModule,
+    read_manifest,
+)
+from {{ cookiecutter.package_name }}.data.tokenizer import (
+    BPETokenizer,
+    ByteTokenizer,
+    load_tokenizer,
+)
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.prepare import prepare, split_pieces
+
+from .helpers import PACKAGE, compose_config, run_cli
+from .killing import COMMON, References, assert_same_outcome, fault, killed_then_finished
+
+HARD_TEXT = "def été(x):\n    return x  # ünïcödé, emoji \U0001f600, tab\t, NUL \x00 and CRLF\r\n"
+
+
+def write_corpus(folder: Path, files: int = 30) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(files):
+        lines = [f"def function_{index}_{line}(value):\n    return value * {line}\n" for line in range(40)]
+        (folder / f"module_{index:02d}.py").write_text("".join(lines) + HARD_TEXT)
+    return folder
+
+
+def prepare_config(tmp_path: Path, *overrides: str) -> DictConfig:
+    return compose_config(
+        "prepare", [f"output={tmp_path / 'tokens'}", "workers=2", *overrides], tmp_path
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BPE of 300 tokens, in shards of 2,000 tokens (several per split)."""
+    folder = tmp_path_factory.mktemp("prepared")
+    cfg = prepare_config(
+        folder, f"source={corpus}", "vocab_size=300", "shard_tokens=2000", "val_fraction=0.1",
+        "test_fraction=0.1",
+    )  # fmt: skip
+    prepare(cfg)
+    return folder / "tokens"
+
+
+def read_split(folder: Path, manifest: dict[str, Any], split: str) -> np.ndarray[Any, Any]:
+    files = [folder / shard["file"] for shard in manifest["splits"][split]["shards"]]
+    return np.concatenate([np.fromfile(path, dtype=manifest["dtype"]) for path in files])
+
+
+def test_both_tokenizers_give_text_back_exactly(corpus: Path) -> None:
+    texts = [path.read_text() for path in sorted(corpus.iterdir())]
+    bpe = BPETokenizer.train(texts, vocab_size=300)
+    unseen = HARD_TEXT + "class Ωmega: pass\n"
+    for tokenizer in (bpe, ByteTokenizer()):
+        ids = tokenizer.encode(unseen)
+        assert tokenizer.decode(ids) == unseen
+        assert max(ids) < tokenizer.vocab_size and tokenizer.end_of_text not in ids
+    assert len(bpe.encode(texts[0])) < len(texts[0].encode()) / 2, "BPE merges common text"
+
+
+def test_shards_hold_exactly_the_corpus_tokens(corpus: Path, prepared: Path) -> None:
+    manifest = read_manifest(prepared)
+    tokenizer = load_tokenizer(prepared / manifest["tokenizer"])
+    pieces = split_pieces(str(corpus), 4_000_000, 0.1, 0.1)
+    for split in ("train", "val", "test"):
+        counts = manifest["splits"][split]
+        assert len(counts["shards"]) >= (2 if split == "train" else 1)
+        tokens = read_split(prepared, manifest, split)
+        assert len(tokens) == counts["tokens"]
+        expected = np.concatenate(
+            [np.asarray([*tokenizer.encode(p), tokenizer.end_of_text]) for p in pieces[split]]
+        )
+        assert np.array_equal(tokens, expected), split
+        ends = np.flatnonzero(tokens == tokenizer.end_of_text)
+        decoded = [
+            tokenizer.decode(part.tolist()) for part in np.split(tokens, ends + 1)[:-1]
+        ]
+        assert decoded == pieces[split]
+        assert counts["bytes"] == sum(len(p.encode()) for p in pieces[split])
+    assert manifest["dtype"] == "<u2"
+
+
+def test_windows_are_slices_of_the_stream_and_disjoint_across_ranks(prepared: Path) -> None:
+    module = TokenShardDataModule(str(prepared), vocab_size=300, block_size=64)
+    module.setup("fit")
+    train = module.splits["train"]
+    stream = torch.from_numpy(read_split(prepared, module.manifest, "train").astype(np.int64))
+    for index in range(len(train)):  # includes windows that cross a shard boundary
+        inputs, targets = train[index]
+        assert torch.equal(inputs, stream[index * 64 : index * 64 + 64])
+        assert torch.equal(targets, stream[index * 64 + 1 : index * 64 + 65])
+    ranks = [set(ResumableSampler(train, 2, rank, seed=3)) for rank in (0, 1)]
+    assert ranks[0] and not ranks[0] & ranks[1]
+    assert len(ranks[0] | ranks[1]) == len(train) // 2 * 2
+
+
+def test_bits_per_byte_uses_the_split_s_bytes_per_token(prepared: Path) -> None:
+    module = TokenShardDataModule(str(prepared), vocab_size=300)
+    counts = module.manifest["splits"]["val"]
+    assert module.tokens_per_byte("val") == counts["tokens"] / counts["bytes"] < 1
+
+
+def test_a_prepared_folder_is_reused_only_with_the_same_settings(
+    corpus: Path, prepared: Path
+) -> None:
+    again = prepare_config(
+        prepared.parent, f"source={corpus}", "vocab_size=300", "shard_tokens=2000",
+        "val_fraction=0.1", "test_fraction=0.1",
+    )  # fmt: skip
+    stamp = (prepared / MANIFEST).stat().st_mtime_ns
+    prepare(again)
+    assert (prepared / MANIFEST).stat().st_mtime_ns == stamp, "nothing was written again"
+    other = prepare_config(prepared.parent, f"source={corpus}", "vocab_size=400")
+    with pytest.raises(ConfigError, match="other settings .*vocab_size"):
+        prepare(other)
+
+
+BAD_PREPARE = {
+    "empty corpus": (["source={empty}"], "holds no text"),
+    "glob matching nothing": (["source={tmp}/nothing/*.txt"], "matches no files"),
+    "missing tokenizer file": (["tokenizer={tmp}/missing.json"], "use bpe, bytes, or the path"),
+    "vocabulary too small": (["vocab_size=10"], "vocab_size=10"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PREPARE))
+def test_bad_prepare_input_gets_one_line_and_writes_nothing(tmp_path: Path, case: str) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "blank.txt").write_text("\n\n")
+    overrides, message = BAD_PREPARE[case]
+    filled = [o.format(empty=tmp_path / "empty", tmp=tmp_path) for o in overrides]
+    result = run_cli(
+        "-c", f"from {PACKAGE}.cli import prepare; prepare()", *filled,
+        f"output={tmp_path / 'tokens'}", "extras.print_config=false", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line, line
+    assert not (tmp_path / "tokens").exists() and not list(tmp_path.glob(".tokens*"))
+
+
+def copy_of(prepared: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(prepared, tmp_path / "copy"))
+
+
+def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"has no manifest\.json.*prepare"):
+        TokenShardDataModule(str(tmp_path), vocab_size=300)
+    with pytest.raises(ConfigError, match=r"data\.vocab_size=200 is smaller than the tokenizer's 300"):
+        TokenShardDataModule(str(prepared), vocab_size=200)
+
+    truncated = copy_of(prepared, tmp_path / "truncated")
+    shard = truncated / read_manifest(truncated)["splits"]["val"]["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(ConfigError, match=r"val-00000\.bin has \d+ bytes, not \d+"):
+        TokenShardDataModule(str(truncated), vocab_size=300).setup("fit")
+
+    flipped = copy_of(prepared, tmp_path / "flipped")
+    shard = flipped / read_manifest(flipped)["splits"]["train"]["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"does not match its SHA-256"):
+        TokenShardDataModule(str(flipped), vocab_size=300).setup("fit")
+
+    garbled = copy_of(prepared, tmp_path / "garbled")
+    (garbled / MANIFEST).write_text(json.dumps({"format": 1}))
+    with pytest.raises(ConfigError, match=r"is not a manifest of this project's token shards"):
+        TokenShardDataModule(str(garbled), vocab_size=300)
+
+
+@pytest.mark.slow
+def test_a_run_on_token_shards_killed_mid_epoch_finishes_exactly(
+    prepared: Path, tmp_path: Path, reference_run: References
+) -> None:
+    run = [
+        *COMMON, "experiment=language_bpe", f"data.path={prepared}", "data.vocab_size=304",
+        "data.block_size=32", "data.batch_size=4", "model.net.n_layer=1", "trainer.max_steps=12",
+        "trainer.val_check_interval=4", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=2", "callbacks.step_checkpoint.every_n_train_steps=4",
+        "data.num_workers=2",
+    ]  # fmt: skip
+    killed_then_finished([*run, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
+    assert_same_outcome(reference_run(run), tmp_path / "run")
