@@ -32,6 +32,10 @@ VISION_FILES = [
     Path("tests") / "test_vision.py",
     Path("tests") / "test_use_vision.py",
     PACKAGE / "data" / "image_files.py",
+    PACKAGE / "data" / "image_folder.py",
+    CONFIGS / "data" / "image_folder.yaml",
+    CONFIGS / "experiment" / "image_folder.yaml",
+    Path("tests") / "test_image_folder.py",
 ]
 LANGUAGE_FILES = [
     PACKAGE / "data" / "text.py",

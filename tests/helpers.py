@@ -158,6 +158,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/helpers.py",
         "tests/test_bench.py",
         "tests/test_configs.py",
+        "tests/test_data_wait.py",
         "tests/test_doctor.py",
         "tests/test_resume.py",
         "tests/killing.py",
@@ -216,6 +217,10 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             "tests/test_vision.py",
             "tests/test_use_vision.py",
             f"{src}/data/image_files.py",
+            f"{src}/data/image_folder.py",
+            f"{configs}/data/image_folder.yaml",
+            f"{configs}/experiment/image_folder.yaml",
+            "tests/test_image_folder.py",
         }
     if answers["examples"] in ("both", "language"):
         files |= {

@@ -38,9 +38,20 @@ def test_option_composes_and_resolves(train_config: ComposeFn, group: str, optio
     assert resolved["trainer"]["_target_"] == "lightning.pytorch.Trainer"
 
 
+# Data configs that read the user's own files (written by prepare, or a folder of images): with
+# none there, building them is one error saying what to do.
+NEEDS_FILES = {"token_shards", "image_folder"}
+
+
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml")))
-def test_data_instantiates(train_config: ComposeFn, option: str) -> None:
-    datamodule = instantiate(train_config(f"data={option}").data)
+def test_data_instantiates(train_config: ComposeFn, option: str, tmp_path: Path) -> None:
+    data = train_config(f"data={option}", f"paths.data_dir={tmp_path}").data
+    if option in NEEDS_FILES:
+        with pytest.raises(Exception) as raised:
+            instantiate(data)
+        assert type(raised.value.__cause__).__name__ == "ConfigError", raised.value
+        return
+    datamodule = instantiate(data)
     assert hasattr(datamodule, "train_dataloader")
 
 

@@ -163,6 +163,11 @@ def test_augmentation_depends_only_on_seed_epoch_and_index(
             assert any(torch.equal(epochs[0][index], v) for v in variants), path
 
 
+def flat(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A batch as one tensor, to compare batches with."""
+    return torch.cat([images.flatten(), labels])
+
+
 def epoch_batches(datamodule: ImageFolderDataModule, epochs: int) -> list[list[torch.Tensor]]:
     """The training batches of each epoch, from one loader (persistent workers, if any)."""
     loader = datamodule.train_dataloader()
@@ -170,22 +175,40 @@ def epoch_batches(datamodule: ImageFolderDataModule, epochs: int) -> list[list[t
     batches = []
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)
-        batches.append([torch.cat([images.flatten(), labels]) for images, labels in loader])
+        batches.append([flat(images, labels) for images, labels in loader])
     return batches
+
+
+def sampled_batches(datamodule: ImageFolderDataModule, epoch: int) -> list[torch.Tensor]:
+    """The batches an epoch should hold: the sampler's (seed, epoch, index) keys, fetched one by
+    one from the training split."""
+    sampler = datamodule.sampler("train")
+    assert isinstance(sampler, SeededIndexSampler)
+    sampler.set_epoch(epoch)
+    keys = list(sampler)
+    assert {key[:2] for key in keys} == {(3, epoch)}
+    train, size = split(datamodule, "train"), datamodule.batch_size
+    batches = [keys[start : start + size] for start in range(0, len(keys) - size + 1, size)]
+    return [
+        flat(torch.stack([train[k][0] for k in batch]), torch.tensor([train[k][1] for k in batch]))
+        for batch in batches
+    ]
 
 
 def test_workers_decode_and_augment_as_the_main_process_does(
     folder: tuple[Path, dict[str, torch.Tensor]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two epochs through one loader each: in the main process, and in two persistent workers,
+    which must see each epoch's keys (a Dataset copied into a worker would not)."""
     monkeypatch.setenv("PL_GLOBAL_SEED", "3")
     root, _ = folder
     in_process = epoch_batches(module(root=str(root)), epochs=2)
     in_workers = epoch_batches(module(root=str(root), num_workers=2), epochs=2)
     assert len(in_process[0]) == 7
     for epoch in range(2):
-        assert all(
-            torch.equal(a, b) for a, b in zip(in_process[epoch], in_workers[epoch], strict=True)
-        ), f"epoch {epoch} differs"
+        expected = sampled_batches(module(root=str(root)), epoch)
+        for batches in (in_process[epoch], in_workers[epoch]):
+            assert all(torch.equal(a, b) for a, b in zip(expected, batches, strict=True)), epoch
     assert not torch.equal(torch.stack(in_process[0]), torch.stack(in_process[1]))
 
 
@@ -200,7 +223,7 @@ def test_a_resumed_epoch_sees_the_rest_of_the_same_batches(
     assert isinstance(loader.sampler, SeededIndexSampler)
     loader.sampler.set_epoch(1)
     loader.sampler.skip = 3 * datamodule.batch_size
-    rest = [torch.cat([images.flatten(), labels]) for images, labels in loader]
+    rest = [flat(images, labels) for images, labels in loader]
     assert all(torch.equal(a, b) for a, b in zip(whole[3:], rest, strict=True))
     assert len(rest) == len(whole) - 3
 

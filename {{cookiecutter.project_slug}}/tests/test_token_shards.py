@@ -13,7 +13,9 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from {{ cookiecutter.package_name }}.data.base import ResumableSampler
+from {{ cookiecutter.package_name }}.data.base import (
+    ResumableSampler,
+)
 from {{ cookiecutter.package_name }}.data.token_shards import (
     MANIFEST,
     TokenShardDataModule,
@@ -25,7 +27,10 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     load_tokenizer,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.prepare import prepare, split_pieces
+from {{ cookiecutter.package_name }}.prepare import (
+    prepare,
+    split_pieces,
+)
 
 from .helpers import PACKAGE, compose_config, run_cli
 from .killing import COMMON, References, assert_same_outcome, fault, killed_then_finished
@@ -36,7 +41,10 @@ HARD_TEXT = "def été(x):\n    return x  # ünïcödé, emoji \U0001f600, tab\t
 def write_corpus(folder: Path, files: int = 30) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for index in range(files):
-        lines = [f"def function_{index}_{line}(value):\n    return value * {line}\n" for line in range(40)]
+        lines = [
+            f"def function_{index}_{line}(value):\n    return value * {line}\n"
+            for line in range(40)
+        ]
         (folder / f"module_{index:02d}.py").write_text("".join(lines) + HARD_TEXT)
     return folder
 
@@ -94,9 +102,7 @@ def test_shards_hold_exactly_the_corpus_tokens(corpus: Path, prepared: Path) -> 
         )
         assert np.array_equal(tokens, expected), split
         ends = np.flatnonzero(tokens == tokenizer.end_of_text)
-        decoded = [
-            tokenizer.decode(part.tolist()) for part in np.split(tokens, ends + 1)[:-1]
-        ]
+        decoded = [tokenizer.decode(part.tolist()) for part in np.split(tokens, ends + 1)[:-1]]
         assert decoded == pieces[split]
         assert counts["bytes"] == sum(len(p.encode()) for p in pieces[split])
     assert manifest["dtype"] == "<u2"
@@ -133,7 +139,7 @@ def test_a_prepared_folder_is_reused_only_with_the_same_settings(
     prepare(again)
     assert (prepared / MANIFEST).stat().st_mtime_ns == stamp, "nothing was written again"
     other = prepare_config(prepared.parent, f"source={corpus}", "vocab_size=400")
-    with pytest.raises(ConfigError, match="other settings .*vocab_size"):
+    with pytest.raises(ConfigError, match=r"other settings .*vocab_size"):
         prepare(other)
 
 
@@ -170,7 +176,9 @@ def copy_of(prepared: Path, tmp_path: Path) -> Path:
 def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"has no manifest\.json.*prepare"):
         TokenShardDataModule(str(tmp_path), vocab_size=300)
-    with pytest.raises(ConfigError, match=r"data\.vocab_size=200 is smaller than the tokenizer's 300"):
+    with pytest.raises(
+        ConfigError, match=r"data\.vocab_size=200 is smaller than the tokenizer's 300"
+    ):
         TokenShardDataModule(str(prepared), vocab_size=200)
 
     truncated = copy_of(prepared, tmp_path / "truncated")

@@ -118,7 +118,9 @@ def build_tokenizer(cfg: DictConfig, train_pieces: list[str]) -> TextTokenizer:
     try:
         return load_tokenizer(path)
     except Exception as error:
-        raise ConfigError(f"tokenizer={choice} is not a readable tokenizer.json ({error}).") from error
+        raise ConfigError(
+            f"tokenizer={choice} is not a readable tokenizer.json ({error})."
+        ) from error
 
 
 _worker_tokenizer: TextTokenizer | None = None
@@ -151,7 +153,7 @@ class ShardWriter:
     def open_next(self) -> None:
         self.close()
         name = f"{self.split}-{len(self.shards):05d}.bin"
-        self.file, self.digest = open(self.folder / name, "wb"), hashlib.sha256()
+        self.file, self.digest = open(self.folder / name, "wb"), hashlib.sha256()  # noqa: SIM115
         self.shards.append({"file": name, "tokens": 0, "sha256": ""})
 
     def write(self, tokens: np.ndarray[Any, Any]) -> None:
@@ -189,7 +191,9 @@ def tokenize_split(
     writer = ShardWriter(folder, split, np.dtype(manifest["dtype"]), int(cfg.shard_tokens))
     counts = np.zeros(vocab, dtype=np.int64)
     progress = tqdm(total=len(pieces), desc=f"Tokenizing {split}", unit="piece", leave=False)
-    for batch, tokens in zip(batches(pieces), pool.map(encode_pieces, batches(pieces))):
+    for batch, tokens in zip(
+        batches(pieces), pool.map(encode_pieces, batches(pieces)), strict=True
+    ):
         writer.write(tokens)
         counts += np.bincount(tokens, minlength=vocab)[:vocab]
         progress.update(len(batch))
@@ -206,17 +210,20 @@ def tokenize_split(
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
     output = Path(str(cfg.output)).expanduser()
-    settings = {key: OmegaConf.to_container(cfg, resolve=True)[key] for key in SETTINGS}
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    settings = {key: resolved[key] for key in SETTINGS}
     if (output / MANIFEST).is_file():
-        manifest = read_manifest(output, "output")
-        if manifest.get("settings") != settings:
-            changed = sorted(k for k in SETTINGS if manifest.get("settings", {}).get(k) != settings[k])
+        existing = read_manifest(output, "output")
+        if existing.get("settings") != settings:
+            recorded = existing.get("settings") or {}
+            changed = sorted(k for k in SETTINGS if recorded.get(k) != settings[k])
             raise ConfigError(
                 f"output={output} holds token shards of other settings ({', '.join(changed)} "
                 "differ): pick another output=..., or delete that folder to prepare it again."
             )
         log.info("%s is already prepared with these settings: nothing to do.", output)
-        return manifest
+        return existing
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(
             f"output={output} exists and is not a folder of token shards: pick another output=..."

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+def accelerator_idles(trainer: L.Trainer) -> bool:
+    """Whether time spent waiting for data leaves an accelerator idle. On a CPU the loader and
+    the model share the cores, and a tiny model's in-memory batches already take 5-15 %."""
+    return not isinstance(trainer.accelerator, CPUAccelerator)
+
+
 def peak_tflops(device_name: str, precision: str) -> float | None:
     """The table's peak for this GPU name and Lightning precision string, or None if unknown."""
     column = "bf16" if precision.startswith(("bf16", "16")) else "tf32"
@@ -53,7 +60,8 @@ class Throughput(Callback):
 
     `perf/data_share` is the host time between one step's end and the next step's start (the
     batch being fetched and moved) over the window, as `<package>-bench` reports it. The first
-    window above `data_wait_warning` gets one warning saying what to change.
+    window above `data_wait_warning` on a GPU (or another accelerator, not a CPU) gets one
+    warning saying what to change.
     """
 
     def __init__(
@@ -133,6 +141,8 @@ class Throughput(Callback):
 
     def warn_about_data_wait(self, trainer: L.Trainer, share: float) -> None:
         if self.warned or self.data_wait_warning is None or share <= self.data_wait_warning:
+            return
+        if not accelerator_idles(trainer):
             return
         self.warned = True
         if not trainer.is_global_zero:

@@ -231,7 +231,7 @@ class ImageFolderDataModule(SplitDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
-        num_workers: int = 4,
+        num_workers: int | str = "auto",
         augment: bool = True,
         verify_images: bool = True,
         channels_last: bool = False,

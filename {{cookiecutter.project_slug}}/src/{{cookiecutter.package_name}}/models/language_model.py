@@ -17,7 +17,6 @@ from .nets.gpt import GPT
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
 from .step_logging import is_logging_step
 
-
 LN2 = math.log(2)
 
 
@@ -123,7 +122,9 @@ class LanguageModel(L.LightningModule):
         self.log("test/loss", self.test_loss)
 
     def on_test_epoch_end(self) -> None:
-        self.log("test/bits_per_byte", self.test_loss.compute() * self.tokens_per_byte("test") / LN2)
+        self.log(
+            "test/bits_per_byte", self.test_loss.compute() * self.tokens_per_byte("test") / LN2
+        )
 
     def tokens_per_byte(self, split: str) -> float:
         """Of the split's text, from a data module of tokens that knows it; 1 for bytes."""
