@@ -64,6 +64,7 @@ LANGUAGE_FILES = [
     CONFIGS / "prepare.yaml",
     CONFIGS / "data" / "token_shards.yaml",
     CONFIGS / "experiment" / "language_bpe.yaml",
+    CONFIGS / "experiment" / "gpt2_small_bpe.yaml",
 ]
 LOGGER_FILES = {
     "wandb": [CONFIGS / "logger" / "wandb.yaml"],

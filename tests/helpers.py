@@ -245,6 +245,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/prepare.yaml",
             f"{configs}/data/token_shards.yaml",
             f"{configs}/experiment/language_bpe.yaml",
+            f"{configs}/experiment/gpt2_small_bpe.yaml",
             f"{configs}/experiment/language_finetune.yaml",
             f"{configs}/experiment/gpt2_medium.yaml",
             f"{configs}/experiment/gpt_1b.yaml",

@@ -33,7 +33,15 @@ from {{ cookiecutter.package_name }}.prepare import (
 )
 
 from .helpers import PACKAGE, compose_config, run_cli
-from .killing import COMMON, References, assert_same_outcome, fault, killed_then_finished
+from .killing import (
+    COMMON,
+    References,
+    assert_same_outcome,
+    fault,
+    killed_then_finished,
+    run,
+    run_dir,
+)
 
 HARD_TEXT = "def été(x):\n    return x  # ünïcödé, emoji \U0001f600, tab\t, NUL \x00 and CRLF\r\n"
 
@@ -205,12 +213,24 @@ def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
 def test_a_run_on_token_shards_killed_mid_epoch_finishes_exactly(
     prepared: Path, tmp_path: Path, reference_run: References
 ) -> None:
-    run = [
+    command = [
         *COMMON, "experiment=language_bpe", f"data.path={prepared}", "data.vocab_size=304",
         "data.block_size=32", "data.batch_size=4", "model.net.n_layer=1", "trainer.max_steps=12",
         "trainer.val_check_interval=4", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=2", "callbacks.step_checkpoint.every_n_train_steps=4",
         "data.num_workers=2",
     ]  # fmt: skip
-    killed_then_finished([*run, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
-    assert_same_outcome(reference_run(run), tmp_path / "run")
+    killed_then_finished([*command, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
+    assert_same_outcome(reference_run(command), tmp_path / "run")
+
+    # The trained model continues a prompt through the shards' tokenizer, streaming the text.
+    last = run_dir(tmp_path / "run") / "checkpoints" / "last.ckpt"
+    code, output = run(
+        [f"ckpt_path={last}", "prompt=def été(", "max_new_tokens=20", "trainer=cpu"],
+        tmp_path / "predict", entry="predict",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    (written,) = (tmp_path / "predict" / "logs" / "predict" / "runs").glob("*/predictions.jsonl")
+    (line,) = written.read_text().splitlines()
+    completion = json.loads(line)["completion"]
+    assert completion and f"def été({completion}" in output

@@ -7,12 +7,12 @@ Language models continue prompts (`prompt=...`, or `prompt_file=...`, one per li
 
 from __future__ import annotations
 
-import codecs
 import csv
 import json
 import logging
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,39 +139,71 @@ def read_prompts(cfg: DictConfig) -> list[str]:
     return prompts
 
 
-def encode(prompts: list[str], block_size: int) -> list[torch.Tensor]:
-    """UTF-8 bytes, the byte-level model's tokens."""
+def utf8_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def from_utf8_bytes(ids: list[int]) -> str:
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def tokenizer_of(datamodule: Any) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """The data module's tokenizer (token shards), else UTF-8 bytes (the byte-level model's)."""
+    encode, decode = getattr(datamodule, "encode", None), getattr(datamodule, "decode", None)
+    if callable(encode) and callable(decode):
+        return encode, decode
+    return utf8_bytes, from_utf8_bytes
+
+
+def encode(
+    prompts: list[str], block_size: int, tokenize: Callable[[str], list[int]] = utf8_bytes
+) -> list[torch.Tensor]:
+    """Each prompt as the model's tokens."""
     encoded = []
     for number, prompt in enumerate(prompts, start=1):
-        tokens = prompt.encode("utf-8")
+        tokens = tokenize(prompt)
         where = f"prompt {number}" if len(prompts) > 1 else "the prompt"
         if not tokens:
             raise ConfigError(f"{where} is empty: give at least one character.")
         if len(tokens) > block_size:
             raise ConfigError(
-                f"{where} is {len(tokens)} bytes long, more than the model's context of "
-                f"{block_size}: shorten it to its last {block_size} bytes or fewer."
+                f"{where} is {len(tokens)} tokens long, more than the model's context of "
+                f"{block_size}: shorten it."
             )
         encoded.append(torch.tensor(list(tokens), dtype=torch.long))
     return encoded
 
 
 class Stream:
-    """Print tokens as they come: bytes decoded as UTF-8, a character split over tokens waits
-    for its last byte."""
+    """Print tokens as they come, decoded; a character split over tokens waits for the rest."""
 
-    def __init__(self) -> None:
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.printed = 0
 
     def __call__(self, token: torch.Tensor) -> None:
-        sys.stdout.write(self.decoder.decode(bytes([int(token.item())])))
+        self.tokens.append(int(token.item()))
+        text = self.decode(self.tokens)
+        if text.endswith("\ufffd"):
+            return
+        self.write(text)
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text[self.printed :])
         sys.stdout.flush()
+        self.printed = len(text)
+
+    def finish(self) -> None:
+        """What is still held back: bytes that never completed a character."""
+        self.write(self.decode(self.tokens))
 
 
 def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[torch.Tensor]]:
     model: Any = trained.model
     prompts = read_prompts(cfg)
-    encoded = encode(prompts, int(model.net.block_size))
+    tokenize, _ = tokenizer_of(trained.datamodule)
+    encoded = encode(prompts, int(model.net.block_size), tokenize)
     check_whole("max_new_tokens", cfg.max_new_tokens, 1, allowed=())
     check_whole("top_k", cfg.top_k, 1)
     temperature = cfg.temperature
@@ -189,10 +221,11 @@ def continue_prompts(
     encoded: list[torch.Tensor], output_dir: Path,
 ) -> None:  # fmt: skip
     model: Any = trained.model
-    stream = len(prompts) == 1 and bool(cfg.stream)
+    _, decode = tokenizer_of(trained.datamodule)
+    stream = Stream(decode) if len(prompts) == 1 and bool(cfg.stream) else None
     model.generation = {
         "max_new_tokens": int(cfg.max_new_tokens), "temperature": float(cfg.temperature),
-        "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": Stream() if stream else None,
+        "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": stream,
     }  # fmt: skip
     if stream:
         sys.stdout.write(prompts[0])
@@ -200,11 +233,12 @@ def continue_prompts(
     loader: DataLoader[torch.Tensor] = DataLoader(encoded, batch_size=1)  # type: ignore[arg-type]
     outputs = trainer.predict(model, dataloaders=loader)
     if stream:
+        stream.finish()
         sys.stdout.write("\n")
     path = output_dir / "predictions.jsonl"
     with path.open("w", encoding="utf-8") as handle:
         for prompt, tokens, output in zip(prompts, encoded, outputs or [], strict=True):
             new = output[0, len(tokens) :].tolist()
-            completion = bytes(new).decode("utf-8", errors="replace")
+            completion = decode(new)
             handle.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
     log.info("Continued %d prompt%s: %s", len(prompts), "s"[: len(prompts) > 1], path)
