@@ -159,6 +159,7 @@ def encode(
     prompts: list[str], block_size: int, tokenize: Callable[[str], list[int]] = utf8_bytes
 ) -> list[torch.Tensor]:
     """Each prompt as the model's tokens."""
+    unit = "bytes" if tokenize is utf8_bytes else "tokens"
     encoded = []
     for number, prompt in enumerate(prompts, start=1):
         tokens = tokenize(prompt)
@@ -167,8 +168,8 @@ def encode(
             raise ConfigError(f"{where} is empty: give at least one character.")
         if len(tokens) > block_size:
             raise ConfigError(
-                f"{where} is {len(tokens)} tokens long, more than the model's context of "
-                f"{block_size}: shorten it."
+                f"{where} is {len(tokens)} {unit} long, more than the model's context of "
+                f"{block_size}: shorten it to its last {block_size} {unit} or fewer."
             )
         encoded.append(torch.tensor(list(tokens), dtype=torch.long))
     return encoded
