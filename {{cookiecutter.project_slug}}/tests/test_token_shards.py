@@ -5,6 +5,11 @@ kill, and one line for each bad input."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +208,13 @@ def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"does not match its SHA-256"):
         TokenShardDataModule(str(flipped), vocab_size=300).setup("fit")
 
+    escaping = copy_of(prepared, tmp_path / "escaping")
+    manifest = read_manifest(escaping)
+    manifest["splits"]["val"]["shards"][0]["file"] = "../../outside.bin"
+    (escaping / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=r"is not a file in the folder"):
+        TokenShardDataModule(str(escaping), vocab_size=300)
+
     garbled = copy_of(prepared, tmp_path / "garbled")
     (garbled / MANIFEST).write_text(json.dumps({"format": 1}))
     with pytest.raises(ConfigError, match=r"is not a manifest of this project's token shards"):
@@ -234,3 +246,30 @@ def test_a_run_on_token_shards_killed_mid_epoch_finishes_exactly(
     (line,) = written.read_text().splitlines()
     completion = json.loads(line)["completion"]
     assert completion and f"def été({completion}" in output
+
+
+@pytest.mark.slow
+def test_a_killed_prepare_leaves_nothing_that_looks_prepared_and_the_same_command_finishes(
+    corpus: Path, prepared: Path, tmp_path: Path
+) -> None:
+    """Killed while the workers tokenize: no output folder, and the same command then writes
+    exactly what an uninterrupted one wrote (the `prepared` fixture's settings)."""
+    command = [
+        sys.executable, "-c", f"from {PACKAGE}.cli import prepare; prepare()",
+        f"source={corpus}", "vocab_size=300", "shard_tokens=2000", "val_fraction=0.1",
+        "test_fraction=0.1", f"output={tmp_path / 'tokens'}", "workers=2",
+        "extras.print_config=false",
+    ]  # fmt: skip
+    staging = tmp_path / ".tokens.tmp-prepare"
+    process = subprocess.Popen(command, cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (staging / "tokenizer.json").exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "prepare never started writing"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "tokens").exists()
+    finished = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert not staging.exists()
+    assert read_manifest(tmp_path / "tokens")["splits"] == read_manifest(prepared)["splits"]

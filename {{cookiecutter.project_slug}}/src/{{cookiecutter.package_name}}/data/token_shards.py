@@ -52,6 +52,10 @@ def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
         manifest = json.loads(path.read_text())
         if manifest.get("format") != FORMAT or set(manifest["splits"]) != set(SPLITS):
             raise ValueError("unknown format")
+        for split in SPLITS:
+            for shard in manifest["splits"][split]["shards"]:
+                if Path(shard["file"]).name != shard["file"] or shard["file"] in ("", ".", ".."):
+                    raise ValueError(f"shard {shard['file']!r} is not a file in the folder")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(
             f"{path} is not a manifest of this project's token shards ({error}): write the "
