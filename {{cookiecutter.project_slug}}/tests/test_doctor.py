@@ -35,6 +35,7 @@ FIELDS = [
     "precision",
     "strategy",
     "memory",
+    "data_loader",
 ]
 V100 = SimpleNamespace(name="Tesla V100-SXM2-16GB", total_memory=16 * 1024**3, major=7, minor=0)
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 1024**3, major=9, minor=0)
@@ -116,6 +117,21 @@ def test_several_gpus_without_nccl_warn(monkeypatch: pytest.MonkeyPatch) -> None
     assert fields["precision"].startswith("bf16-mixed")
     assert fields["strategy"].startswith("auto (DDP), 2 cuda devices")
     assert any("no NCCL" in problem for problem in problems), problems
+
+
+def test_the_loader_processes_a_run_would_use_are_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """data.num_workers=auto: from the cores this process may use and the GPUs sharing them."""
+    fake_cuda(monkeypatch, H100, H100)
+    monkeypatch.setattr(doctor, "usable_cores", lambda: 16)
+    fields, _ = doctor.diagnose(["trainer.devices=2", "data.num_workers=auto"])
+    assert fields["data_loader"].startswith(
+        "7 workers per process (data.num_workers=auto: 16 cores"
+    )
+    assert "pinned memory" in fields["data_loader"]
+    fields, _ = doctor.diagnose(["trainer=cpu", "data.num_workers=auto"])
+    assert fields["data_loader"].startswith("0 workers per process"), fields["data_loader"]
 {%- if cookiecutter.examples != "vision" %}
 
 

@@ -170,6 +170,11 @@ def test_a_sharded_checkpoint_resumes_on_one_process_and_evaluates_as_one_file(
         (metrics,) = (tmp_path / str(len(losses)) / "logs" / "eval" / "runs").glob("*/metrics.json")
         losses.append(json.loads(metrics.read_text())["test/loss"])
     assert losses[0] == losses[1]
+    code, output = run(
+        [f"ckpt_path={sharded}", "prompt=def ", "max_new_tokens=8", "trainer=cpu"],
+        tmp_path / "predict", entry="predict",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
 
 
 @pytest.mark.slow
