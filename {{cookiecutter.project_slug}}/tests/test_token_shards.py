@@ -159,6 +159,8 @@ def test_a_prepared_folder_is_reused_only_with_the_same_settings(
 BAD_PREPARE = {
     "empty corpus": (["source={empty}"], "holds no text"),
     "glob matching nothing": (["source={tmp}/nothing/*.txt"], "matches no files"),
+    "missing source": (["source={tmp}/nothing"], "source={tmp}/nothing is neither a file"),
+    "empty folder": (["source={tmp}/hollow"], "source={tmp}/hollow is a folder with no files"),
     "missing tokenizer file": (["tokenizer={tmp}/missing.json"], "use bpe, bytes, or the path"),
     "vocabulary too small": (["vocab_size=10"], "vocab_size=10"),
 }
@@ -167,6 +169,7 @@ BAD_PREPARE = {
 @pytest.mark.parametrize("case", list(BAD_PREPARE))
 def test_bad_prepare_input_gets_one_line_and_writes_nothing(tmp_path: Path, case: str) -> None:
     (tmp_path / "empty").mkdir()
+    (tmp_path / "hollow").mkdir()
     (tmp_path / "empty" / "blank.txt").write_text("\n\n")
     overrides, message = BAD_PREPARE[case]
     filled = [o.format(empty=tmp_path / "empty", tmp=tmp_path) for o in overrides]
@@ -176,7 +179,7 @@ def test_bad_prepare_input_gets_one_line_and_writes_nothing(tmp_path: Path, case
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("error: ") and message in line, line
+    assert line.startswith("error: ") and message.format(tmp=tmp_path) in line, line
     assert not (tmp_path / "tokens").exists() and not list(tmp_path.glob(".tokens*"))
 
 

@@ -54,7 +54,7 @@ def source_files(source: str) -> list[Path]:
         if not files:
             raise ConfigError(f"source={source} matches no files.")
         return files
-    return corpus_files(source)
+    return corpus_files(source, "source")
 
 
 def cut(text: str) -> Iterator[str]:
@@ -76,7 +76,7 @@ def split_pieces(
         try:
             text = path.read_bytes().decode("utf-8", errors="replace")
         except OSError as error:
-            raise unreadable(path, error, source) from error
+            raise unreadable(path, error, source, "source") from error
         for piece in cut(text):
             if max_bytes is not None and total >= max_bytes:
                 break

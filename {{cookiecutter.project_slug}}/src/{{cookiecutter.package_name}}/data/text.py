@@ -40,7 +40,7 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return window[:-1], window[1:]
 
 
-def corpus_files(source: str) -> list[Path]:
+def corpus_files(source: str, setting: str = "data.source") -> list[Path]:
     """`stdlib`, `project_configs` (this project's YAML configs, for the fine-tuning example), a
     file, or a folder (every file under it, in sorted order)."""
     if source == "project_configs":
@@ -56,26 +56,28 @@ def corpus_files(source: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return files_under(path, source)
+        return files_under(path, source, setting)
     raise ConfigError(
-        f"data.source={source} is neither a file nor a folder. Point it at a text file or a "
-        "folder of text files, or use data.source=stdlib."
+        f"{setting}={source} is neither a file nor a folder. Point it at a text file or a "
+        f"folder of text files, or use {setting}=stdlib."
     )
 
 
-def unreadable(path: Path | str, error: OSError, source: str) -> ConfigError:
+def unreadable(
+    path: Path | str, error: OSError, source: str, setting: str = "data.source"
+) -> ConfigError:
     return ConfigError(
-        f"data.source={source}: cannot read {path} ({error.strerror or error}). Make it "
-        "readable, or point data.source at other text."
+        f"{setting}={source}: cannot read {path} ({error.strerror or error}). Make it "
+        f"readable, or point {setting} at other text."
     )
 
 
-def files_under(folder: Path, source: str) -> list[Path]:
+def files_under(folder: Path, source: str, setting: str = "data.source") -> list[Path]:
     """Every file under `folder`, sorted; a subfolder that cannot be listed is an error, not
     silently skipped."""
 
     def refuse(error: OSError) -> None:
-        raise unreadable(error.filename or folder, error, source)
+        raise unreadable(error.filename or folder, error, source, setting)
 
     files = [
         Path(root) / name
@@ -84,7 +86,7 @@ def files_under(folder: Path, source: str) -> list[Path]:
         if (Path(root) / name).is_file()
     ]
     if not files:
-        raise ConfigError(f"data.source={source} is a folder with no files in it.")
+        raise ConfigError(f"{setting}={source} is a folder with no files in it.")
     return sorted(files)
 
 
