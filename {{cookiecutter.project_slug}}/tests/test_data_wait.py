@@ -47,7 +47,8 @@ def starved_run(
     monkeypatch.setattr(base.SplitDataModule, "loader", slow_loader)
     monkeypatch.setattr(throughput, "accelerator_idles", lambda trainer: True)
     cfg = train_config(
-        "trainer.max_steps=24", "trainer.log_every_n_steps=4", "trainer.val_check_interval=1.0",
+        "trainer.max_steps=24", "trainer.log_every_n_steps=4", "trainer.val_check_interval=12",
+        "trainer.check_val_every_n_epoch=null",
         "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "test=false",
     )  # fmt: skip
     with caplog.at_level(logging.WARNING):
