@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }}.callbacks import (
     throughput,
@@ -19,37 +18,32 @@ from {{ cookiecutter.package_name }}.train import train
 from .helpers import ComposeFn, read_metrics
 
 
-class SlowItems(Dataset[Any]):
-    def __init__(self, dataset: Dataset[Any], seconds: float) -> None:
-        self.dataset, self.seconds = dataset, seconds
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> Any:
-        time.sleep(self.seconds)
-        return self.dataset[index]
-
-
 def starved_run(
     train_config: ComposeFn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
     seconds: float,
 ) -> tuple[list[str], dict[str, float]]:  # fmt: skip
-    """A short CPU run whose training items each take `seconds` to load, counted as if it ran on
-    an accelerator."""
+    """A short CPU run whose every training batch takes `seconds` more to load, counted as if it
+    ran on an accelerator."""
     loader = base.SplitDataModule.loader
 
     def slow_loader(self: base.SplitDataModule, split: str) -> Any:
-        if split == "train" and seconds and not isinstance(self.splits["train"], SlowItems):
-            self.splits["train"] = SlowItems(self.splits["train"], seconds)
-        return loader(self, split)
+        made = loader(self, split)
+        collate = made.collate_fn
+
+        def slow_collate(items: Any) -> Any:
+            time.sleep(seconds)
+            return collate(items)
+
+        if split == "train" and seconds:
+            made.collate_fn = slow_collate
+        return made
 
     monkeypatch.setattr(base.SplitDataModule, "loader", slow_loader)
     monkeypatch.setattr(throughput, "accelerator_idles", lambda trainer: True)
     cfg = train_config(
         "trainer.max_steps=24", "trainer.log_every_n_steps=4", "trainer.val_check_interval=12",
-        "trainer.check_val_every_n_epoch=null",
-        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "test=false",
+        "trainer.check_val_every_n_epoch=null", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "test=false", "data.num_workers=0",
     )  # fmt: skip
     with caplog.at_level(logging.WARNING):
         train(cfg)
@@ -60,7 +54,7 @@ def starved_run(
 def test_a_run_starved_of_data_says_so_once(
     train_config: ComposeFn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    warnings, metrics = starved_run(train_config, monkeypatch, caplog, seconds=0.004)
+    warnings, metrics = starved_run(train_config, monkeypatch, caplog, seconds=0.4)
     assert len(warnings) == 1, warnings
     assert "raise data.num_workers (now 0)" in warnings[0]
     assert metrics["perf/data_share"] > 0.3
