@@ -120,6 +120,8 @@ TRAIN_CASES = {
     "batch size of the wrong type": (["data.batch_size=many"], ["data.batch_size", "whole number"]),
     "batch size zero": (["data.batch_size=0"], ["data.batch_size"]),
     "negative worker count": (["data.num_workers=-2"], ["data.num_workers"]),
+    "worker count a word": (["data.num_workers=many"], ["data.num_workers='many'", "or auto"]),
+    "unknown checkpoint mode": (["strategy=model_parallel", "trainer.strategy.checkpoint=zip"], ["checkpoint=zip", "async, sync, consolidated"]),
     "unknown precision": (["trainer.precision=fp8"], ["not one of"]),
     "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
     "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
