@@ -120,12 +120,14 @@ class SplitDataModule(L.LightningDataModule):
         if not self.splits:
             self.splits = self.load_splits()
 
+    def ranks(self) -> tuple[int, int]:
+        """The number of training processes, and this one's rank."""
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+
     def sampler(self, split: str) -> Sampler[int] | None:
         """Each process its own shard (Lightning's own sampler injection is off: it would not
         resume mid-epoch). Lightning sets the epoch on it, which reseeds the shuffle."""
-        world_size, rank = (
-            (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        )
+        world_size, rank = self.ranks()
         dataset = self.splits[split]
         if split == "train":
             return ResumableSampler(dataset, world_size, rank, seed=shuffle_seed())

@@ -11,16 +11,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
 from ..errors import ConfigError
-from .base import SplitDataModule
-from .tokenizer import TextTokenizer, load_tokenizer
+from .base import SplitDataModule, shuffle_seed
+from .streaming import PageOrderSampler, ShardFolder, StreamedWindows, is_url
+from .tokenizer import TextTokenizer, tokenizer_from_json
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -43,13 +45,21 @@ def file_sha256(path: Path) -> str:
 def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.is_file():
-        raise ConfigError(
-            f"{setting}={folder} has no {MANIFEST}: it is not a folder of token shards. Write "
-            "one with the prepare command (e.g. <package>-prepare source=stdlib), or point "
-            f"{setting} at its output."
-        )
+        raise no_manifest(str(folder), setting)
+    return parse_manifest(path.read_text(), str(path))
+
+
+def no_manifest(folder: str, setting: str) -> ConfigError:
+    return ConfigError(
+        f"{setting}={folder} has no {MANIFEST}: it is not a folder of token shards. Write "
+        "one with the prepare command (e.g. <package>-prepare source=stdlib), or point "
+        f"{setting} at its output."
+    )
+
+
+def parse_manifest(text: str, where: str) -> dict[str, Any]:
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(text)
         if manifest.get("format") != FORMAT or set(manifest["splits"]) != set(SPLITS):
             raise ValueError("unknown format")
         for split in SPLITS:
@@ -58,31 +68,40 @@ def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
                     raise ValueError(f"shard {shard['file']!r} is not a file in the folder")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(
-            f"{path} is not a manifest of this project's token shards ({error}): write the "
+            f"{where} is not a manifest of this project's token shards ({error}): write the "
             "folder again with the prepare command."
         ) from error
     return dict(manifest)
 
 
-def check_shards(folder: Path, manifest: dict[str, Any], checksums: bool) -> None:
-    """Every shard present with its recorded size (and SHA-256, when `checksums`)."""
+def check_shards(
+    where: str,
+    manifest: dict[str, Any],
+    size_of: Callable[[str], int | None],
+    checksum_of: Callable[[str], str] | None,
+) -> None:
+    """Every shard present with its recorded size (and SHA-256, given `checksum_of`)."""
     itemsize = np.dtype(manifest["dtype"]).itemsize
     for split in SPLITS:
         for shard in manifest["splits"][split]["shards"]:
-            path = folder / shard["file"]
             expected = shard["tokens"] * itemsize
-            found = path.stat().st_size if path.is_file() else None
+            found = size_of(shard["file"])
             problem = (
                 "is missing" if found is None
                 else f"has {found} bytes, not {expected}" if found != expected
-                else "does not match its SHA-256" if checksums and file_sha256(path) != shard["sha256"]
+                else "does not match its SHA-256"
+                if checksum_of and checksum_of(shard["file"]) != shard["sha256"]
                 else None
             )  # fmt: skip
             if problem:
                 raise ConfigError(
-                    f"token shard {path} {problem} (recorded in {MANIFEST}): it is damaged or "
-                    "from another preparation. Run the prepare command again."
+                    f"token shard {where}/{shard['file']} {problem} (recorded in {MANIFEST}): it "
+                    "is damaged or from another preparation. Run the prepare command again."
                 )
+
+
+def local_size(path: Path) -> int | None:
+    return path.stat().st_size if path.is_file() else None
 
 
 class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -119,8 +138,9 @@ class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class TokenShardDataModule(SplitDataModule):
-    """Language-model batches from a folder of token shards. `vocab_size` is the model's: at
-    least the tokenizer's (a larger one pads the embedding to a friendlier size)."""
+    """Language-model batches from a folder of token shards: a local folder, memory-mapped, or a
+    URL, streamed (`streaming`). `vocab_size` is the model's: at least the tokenizer's (a larger
+    one pads the embedding to a friendlier size)."""
 
     def __init__(
         self,
@@ -128,22 +148,39 @@ class TokenShardDataModule(SplitDataModule):
         vocab_size: int,
         block_size: int = 256,
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         verify_checksums: bool = True,
+        read_mb: float = 8.0,
+        shuffle_pages: int = 4,
     ) -> None:
         super().__init__(batch_size, num_workers)
         self.save_hyperparameters()
+        if not read_mb > 0 or not isinstance(shuffle_pages, int) or shuffle_pages < 1:
+            raise ConfigError(
+                f"data.read_mb={read_mb!r}, data.shuffle_pages={shuffle_pages!r}: use a "
+                "positive size in MB and a whole number of pages, 1 or more."
+            )
+        self.remote = ShardFolder(path) if is_url(path) else None
         self.folder = Path(path).expanduser()
-        self.manifest = read_manifest(self.folder)
+        if self.remote is None:
+            self.manifest = read_manifest(self.folder)
+        else:
+            text = self.remote.read_text(MANIFEST)
+            if text is None:
+                raise no_manifest(self.remote.url, "data.path")
+            self.manifest = parse_manifest(text, self.remote.file_url(MANIFEST))
         if vocab_size < self.manifest["vocab_size"]:
             raise ConfigError(
                 f"data.vocab_size={vocab_size} is smaller than the tokenizer's "
-                f"{self.manifest['vocab_size']} ({self.folder / MANIFEST}): set "
+                f"{self.manifest['vocab_size']} ({self.where(MANIFEST)}): set "
                 f"data.vocab_size={self.manifest['vocab_size']} or more."
             )
         self.vocab_size = vocab_size
         self.tokenizer: TextTokenizer | None = None
         self.baseline: dict[str, float] = {}
+
+    def where(self, name: str) -> str:
+        return self.remote.file_url(name) if self.remote else str(self.folder / name)
 
     def tokens_per_byte(self, split: str) -> float:
         """Of the split's text: bits per byte = loss in nats x this / ln 2."""
@@ -151,7 +188,19 @@ class TokenShardDataModule(SplitDataModule):
         return float(counts["tokens"]) / max(1, int(counts["bytes"]))
 
     def load_splits(self) -> dict[str, Dataset[Any]]:
-        check_shards(self.folder, self.manifest, self.hparams["verify_checksums"])
+        """A URL's shards are checked by size only: their checksums would mean reading them all."""
+        if self.remote is None:
+            folder = self.folder
+            checksum_of = (
+                (lambda name: file_sha256(folder / name))
+                if self.hparams["verify_checksums"]
+                else None
+            )
+            check_shards(
+                str(folder), self.manifest, lambda name: local_size(folder / name), checksum_of
+            )
+        else:
+            check_shards(self.remote.url, self.manifest, self.remote.size, None)
         block = self.hparams["block_size"]
         splits: dict[str, Dataset[Any]] = {}
         for split in SPLITS:
@@ -159,16 +208,44 @@ class TokenShardDataModule(SplitDataModule):
             counts = [int(shard["tokens"]) for shard in shards]
             if sum(counts) <= block:
                 raise ConfigError(
-                    f"the {split} split of {self.folder} has {sum(counts)} tokens, fewer than one "
-                    f"window of block_size={block}: prepare more text or use a smaller block_size."
+                    f"the {split} split of {self.hparams['path']} has {sum(counts)} tokens, fewer "
+                    f"than one window of block_size={block}: prepare more text or use a smaller "
+                    "block_size."
                 )
-            paths = [self.folder / shard["file"] for shard in shards]
-            splits[split] = TokenWindows(paths, counts, self.manifest["dtype"], block)
+            dtype = self.manifest["dtype"]
+            if self.remote is None:
+                paths = [self.folder / shard["file"] for shard in shards]
+                splits[split] = TokenWindows(paths, counts, dtype, block)
+            else:
+                urls = [self.remote.file_url(shard["file"]) for shard in shards]
+                read_bytes = int(self.hparams["read_mb"] * 2**20)
+                pages = self.hparams["shuffle_pages"]
+                splits[split] = StreamedWindows(urls, counts, dtype, block, read_bytes, pages)
         self.baseline = {
             "baseline/unigram_bits_per_byte": self.manifest["unigram_bits_per_token"]
             * self.tokens_per_byte("train"),
         }
         return splits
+
+    def sampler(self, split: str) -> Sampler[int] | None:
+        dataset = self.splits[split]
+        if not isinstance(dataset, StreamedWindows):
+            return super().sampler(split)
+        world_size, rank = self.ranks()
+        streams = max(1, self.num_workers)
+        dataset.fit_pages(world_size * streams)
+        sampler = PageOrderSampler(
+            dataset, world_size, rank, shuffle_seed(), streams, self.batch_size,
+            shuffle=split == "train", shuffle_pages=self.hparams["shuffle_pages"],
+        )  # fmt: skip
+        if len(sampler) < (self.batch_size if split == "train" else 1):
+            raise ConfigError(
+                f"the {split} split of {self.hparams['path']} gives {len(sampler)} windows of "
+                f"block_size={self.hparams['block_size']} to each of {world_size} process(es), "
+                f"fewer than one batch of {self.batch_size}: prepare more text, or use a smaller "
+                "batch_size or block_size."
+            )
+        return sampler
 
     def encode(self, text: str) -> list[int]:
         return self.load_tokenizer().encode(text)
@@ -178,7 +255,13 @@ class TokenShardDataModule(SplitDataModule):
 
     def load_tokenizer(self) -> TextTokenizer:
         if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(self.folder / TOKENIZER)
+            text = (
+                self.remote.read_text(TOKENIZER) if self.remote
+                else (self.folder / TOKENIZER).read_text()
+            )  # fmt: skip
+            if text is None:
+                raise ConfigError(f"{self.where(TOKENIZER)} is missing: prepare the folder again.")
+            self.tokenizer = tokenizer_from_json(text)
         return self.tokenizer
 
 

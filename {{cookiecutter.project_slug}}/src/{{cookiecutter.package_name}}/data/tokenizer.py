@@ -75,8 +75,12 @@ class BPETokenizer:
 
 def load_tokenizer(path: Path) -> TextTokenizer:
     """A tokenizer that `save` wrote (JSON either way: nothing in it runs)."""
-    if json.loads(path.read_text()).get("type") == BYTES:
+    return tokenizer_from_json(path.read_text())
+
+
+def tokenizer_from_json(text: str) -> TextTokenizer:
+    if json.loads(text).get("type") == BYTES:
         return ByteTokenizer()
     from tokenizers import Tokenizer
 
-    return BPETokenizer(Tokenizer.from_file(str(path)))
+    return BPETokenizer(Tokenizer.from_str(text))
