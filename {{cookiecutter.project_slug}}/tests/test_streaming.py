@@ -3,6 +3,7 @@ that this test runs (ranged reads, as object stores serve them), never copied wh
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from collections import Counter
@@ -15,6 +16,9 @@ from typing import Any
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.command_errors import (
+    without_worker_trace,
+)
 from {{ cookiecutter.package_name }}.data.streaming import (
     PageOrderSampler,
     StreamedWindows,
@@ -195,6 +199,19 @@ def test_bad_urls_and_remote_folders_get_one_line(prepared: Path, server: RangeS
         streamed(prepared.as_uri(), batch_size=100000).train_dataloader()
     with pytest.raises(ConfigError, match=r"data\.read_mb=0"):
         TokenShardDataModule(prepared.as_uri(), vocab_size=300, read_mb=0)
+
+
+def test_a_shard_cut_during_a_run_is_named_in_one_line(prepared: Path, tmp_path: Path) -> None:
+    folder = Path(shutil.copytree(prepared, tmp_path / "tokens"))
+    module = streamed(folder.as_uri(), read_mb=0.001, num_workers=2, batch_size=4)
+    loader = module.train_dataloader()
+    for shard in read_manifest(folder)["splits"]["train"]["shards"]:
+        (folder / shard["file"]).write_bytes(b"")
+    with pytest.raises(ConfigError) as cut:
+        next(iter(loader))
+    line = without_worker_trace(str(cut.value))
+    assert "\n" not in line and line.endswith("start a new run."), line
+    assert re.search(r"/train-\d+\.bin gave 0 bytes where \d+ were asked for", line), line
 
 
 def test_a_url_with_credentials_is_refused_before_anything_is_written(tmp_path: Path) -> None:

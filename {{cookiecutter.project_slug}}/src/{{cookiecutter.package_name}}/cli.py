@@ -96,7 +96,10 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
             )
         metrics = task(cfg)
     except (ConfigError, TrainingError, OSError) as error:
-        line = command_errors.one_line(error) if isinstance(error, OSError) else str(error)
+        line = (
+            command_errors.one_line(error) if isinstance(error, OSError)
+            else command_errors.without_worker_trace(str(error))
+        )  # fmt: skip
         if line is None:
             raise
         if in_multirun():

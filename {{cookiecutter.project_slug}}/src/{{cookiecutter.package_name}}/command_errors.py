@@ -30,6 +30,15 @@ def lines_of(text: str) -> list[str]:
     ]
 
 
+def without_worker_trace(message: str) -> str:
+    """A DataLoader worker's error arrives as "Caught ... in DataLoader worker process N." and the
+    worker's traceback; its own message is the last line."""
+    if "Original Traceback" not in message:
+        return message
+    last = message.strip().splitlines()[-1]
+    return last.split(": ", 1)[1] if ": " in last else last
+
+
 def not_writable(error: OSError) -> str:
     where = f" {error.filename}" if error.filename else ""
     reason = error.strerror or os.strerror(error.errno or 0)

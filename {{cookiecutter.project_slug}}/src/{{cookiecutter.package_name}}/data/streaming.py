@@ -146,6 +146,12 @@ class StreamedWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             data = self.fs.cat_file(
                 self.paths[shard], offset * itemsize, (offset + end - start) * itemsize
             )
+            if len(data) != (end - start) * itemsize:
+                raise ConfigError(
+                    f"{self.urls[shard]} gave {len(data)} bytes where "
+                    f"{(end - start) * itemsize} were asked for: it changed since the run "
+                    "started. Restore it, or prepare the folder again and start a new run."
+                )
             pieces.append(np.frombuffer(data, dtype=self.dtype))
             self.bytes_read += len(data)
             start, shard = end, shard + 1
