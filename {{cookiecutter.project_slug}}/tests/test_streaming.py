@@ -3,6 +3,7 @@ that this test runs (ranged reads, as object stores serve them), never copied wh
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import threading
@@ -182,6 +183,9 @@ def test_bad_urls_and_remote_folders_get_one_line(prepared: Path, server: RangeS
         assert "s3cret" not in str(refused.value)
     with pytest.raises(ConfigError, match="Protocol not known: nosuch"):
         TokenShardDataModule("nosuch://bucket/tokens", vocab_size=300)
+    if importlib.util.find_spec("s3fs") is None:
+        with pytest.raises(ConfigError, match=r"s3://bucket/tokens: Install s3fs .*pip install"):
+            TokenShardDataModule("s3://bucket/tokens", vocab_size=300)
     with pytest.raises(ConfigError, match=r"has no manifest\.json"):
         TokenShardDataModule(f"{server.url}/missing", vocab_size=300)
     closed = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
