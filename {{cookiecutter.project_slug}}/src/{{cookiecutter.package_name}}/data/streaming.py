@@ -97,6 +97,15 @@ class ShardFolder:
         )
 
 
+def spans(starts: np.ndarray[Any, Any], start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+    """(shard, offset in it, count) for tokens [start, stop) of shards that begin at `starts`."""
+    shard = int(np.searchsorted(starts, start, side="right")) - 1
+    while start < stop:
+        end = min(stop, int(starts[shard + 1]))
+        yield shard, start - int(starts[shard]), end - start
+        start, shard = end, shard + 1
+
+
 class StreamedWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Item i: tokens [i*block, (i+1)*block] of the split's shards, read as one stream, as input
     and the same shifted by one as target; read a page (`page_windows` windows) at a time, the
@@ -119,7 +128,6 @@ class StreamedWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.fs: AbstractFileSystem | None = None
         self.paths: list[str] = []
         self.pages: OrderedDict[int, np.ndarray[Any, Any]] = OrderedDict()
-        self.bytes_read = 0
 
     def __len__(self) -> int:
         return max(0, (int(self.starts[-1]) - 1) // self.block_size)
@@ -139,22 +147,17 @@ class StreamedWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             self.paths = [str(url_to_fs(url)[1]) for url in self.urls]
         itemsize = self.dtype.itemsize
         pieces = []
-        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
-        while start < stop:
-            offset = start - int(self.starts[shard])
-            end = min(stop, int(self.starts[shard + 1]))
+        for shard, offset, count in spans(self.starts, start, stop):
             data = self.fs.cat_file(
-                self.paths[shard], offset * itemsize, (offset + end - start) * itemsize
+                self.paths[shard], offset * itemsize, (offset + count) * itemsize
             )
-            if len(data) != (end - start) * itemsize:
+            if len(data) != count * itemsize:
                 raise ConfigError(
-                    f"{self.urls[shard]} gave {len(data)} bytes where "
-                    f"{(end - start) * itemsize} were asked for: it changed since the run "
-                    "started. Restore it, or prepare the folder again and start a new run."
+                    f"{self.urls[shard]} gave {len(data)} bytes where {count * itemsize} were "
+                    "asked for: it changed since the run started. Restore it, or prepare the "
+                    "folder again and start a new run."
                 )
             pieces.append(np.frombuffer(data, dtype=self.dtype))
-            self.bytes_read += len(data)
-            start, shard = end, shard + 1
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
     def page(self, number: int) -> np.ndarray[Any, Any]:

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Sampler
 
 from ..errors import ConfigError
 from .base import SplitDataModule, shuffle_seed
-from .streaming import PageOrderSampler, ShardFolder, StreamedWindows, is_url
+from .streaming import PageOrderSampler, ShardFolder, StreamedWindows, is_url, spans
 from .tokenizer import TextTokenizer, tokenizer_from_json
 
 MANIFEST = "manifest.json"
@@ -122,13 +122,10 @@ class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def read(self, start: int, stop: int) -> np.ndarray[Any, Any]:
         if self.maps is None:
             self.maps = [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
-        pieces = []
-        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
-        while start < stop:
-            offset = start - int(self.starts[shard])
-            end = min(stop, int(self.starts[shard + 1]))
-            pieces.append(self.maps[shard][offset : offset + end - start])
-            start, shard = end, shard + 1
+        pieces = [
+            self.maps[shard][offset : offset + count]
+            for shard, offset, count in spans(self.starts, start, stop)
+        ]
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
