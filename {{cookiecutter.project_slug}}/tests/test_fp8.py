@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,14 @@ from {{ cookiecutter.package_name }}.train import (
 )
 
 from .helpers import PACKAGE, run_cli
-from .killing import COMMON, References, assert_same_outcome, fault, killed_then_finished
+from .killing import (
+    COMMON,
+    References,
+    assert_same_outcome,
+    fault,
+    killed_then_finished,
+    run_dir,
+)
 from .killing import entry_point as entry
 
 pytest.importorskip("torchao", reason="FP8 needs torchao (pip install -e '.[fp8]')")
@@ -141,3 +149,25 @@ def test_fp8_where_it_cannot_work_is_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and all(word in lines[0] for word in words), lines
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.slow
+def test_fp8_under_fsdp2_all_gathering_in_float8_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference_run: References
+) -> None:
+    """Two gloo processes, weights all-gathered in float8 (tensorwise), a checkpoint folder of
+    shards every 4 steps (written in the background), a kill at step 6."""
+    monkeypatch.setenv(FP8_ON_CPU, "1")
+    run = [
+        *COMMON, *RUN, "model.fp8=tensorwise", "trainer.precision=bf16-mixed",
+        "trainer.max_steps=8", "trainer.val_check_interval=4", "trainer.limit_test_batches=2",
+        "callbacks.step_checkpoint.every_n_train_steps=4", "strategy=model_parallel",
+        "trainer.strategy.data_parallel_size=2", "trainer.devices=2",
+    ]  # fmt: skip
+    killed_then_finished([*run, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
+    reference = reference_run(run)
+    assert_same_outcome(reference, tmp_path / "run")
+    metrics = json.loads((run_dir(reference) / "metrics.json").read_text())
+    # The test, in float8 too, on the trained weights: below a uniform guess, near validation.
+    assert metrics["test/loss"] < math.log(257), metrics
+    assert abs(metrics["test/loss"] - metrics["val/loss"]) < 0.25, metrics

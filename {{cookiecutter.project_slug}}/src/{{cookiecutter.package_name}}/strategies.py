@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .checkpoints import NonFiniteWeightsError, non_finite_tensors
 from .errors import ConfigError
@@ -54,6 +55,22 @@ def fsdp_strategy(
         cpu_offload=cpu_offload,
         state_dict_type="full",
     )
+
+
+def plain_weights(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The state with each weight that FSDP2 all-gathers in float8 unwrapped: torchao keeps the
+    weight in a tensor subclass (the high-precision tensor in `_tensor`), which came out of
+    `dcp.async_save` as uninitialized memory."""
+    plain = dict(state_dict)
+    for name, value in state_dict.items():
+        local = value._local_tensor if isinstance(value, DTensor) else None
+        inner = getattr(local, "_tensor", None)
+        if is_traceable_wrapper_subclass(local) and isinstance(inner, torch.Tensor):
+            plain[name] = DTensor.from_local(
+                inner, value.device_mesh, value.placements, run_check=False,
+                shape=value.shape, stride=value.stride(),
+            )  # fmt: skip
+    return plain
 
 
 class ShardedCheckpointStrategy(ModelParallelStrategy):
@@ -94,7 +111,7 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
             self.writes.append(self.stalls[-1])
             return
         path = Path(self.broadcast(filepath))
-        shards = {"state_dict": checkpoint.pop("state_dict")}
+        shards = {"state_dict": plain_weights(checkpoint.pop("state_dict"))}
         for index, state in enumerate(checkpoint.pop("optimizer_states", [])):
             shards[f"optimizer_{index}"] = state
         self.refuse_non_finite(shards["state_dict"], path)

@@ -57,8 +57,11 @@ class LanguageModel(L.LightningModule):
             self.fp8_converted = True
 
     def setup(self, stage: str) -> None:
-        if stage != "fit" and self.fp8_converted:
-            convert_from_fp8(self.net)  # evaluated in the run's precision, matmuls not in float8
+        """On one device an FP8 model is evaluated in the run's precision (matmuls not in
+        float8). Under FSDP2 it stays in float8: its sharded weights all-gather in float8, and the
+        sharding holds on to the layers that a conversion back would replace."""
+        if stage != "fit" and self.fp8_converted and self.device_mesh is None:
+            convert_from_fp8(self.net)
             self.fp8_converted = False
         if stage == "fit" and self.device_mesh is None:
             self.convert_to_fp8(fsdp=False)
