@@ -48,15 +48,21 @@ from .test_token_shards import HARD_TEXT, prepare_config, write_corpus
 
 
 class RangeHandler(SimpleHTTPRequestHandler):
-    """Files of a folder, whole or by `Range: bytes=a-b`, counting the bytes sent per file."""
+    """Files of a folder, whole or by `Range: bytes=a-b`, counting the bytes sent per file; the
+    next `faults["busy"]` ranged requests get a 503, and `faults["whole"]` sends whole files."""
 
     sent: Counter[str]
+    faults: Counter[str]
 
     def send_head(self) -> Any:
         path = Path(self.translate_path(self.path))
         wanted = self.headers.get("Range", "")
-        if not path.is_file() or not wanted.startswith("bytes="):
+        if not path.is_file() or not wanted.startswith("bytes=") or self.faults["whole"]:
             return super().send_head()
+        if self.faults["busy"] > 0:
+            self.faults["busy"] -= 1
+            self.send_error(503, "busy")
+            return None
         size = path.stat().st_size
         first, _, last = wanted[len("bytes=") :].partition("-")
         start, stop = int(first), min(int(last or size - 1), size - 1) + 1
@@ -82,7 +88,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
 class RangeServer:
     def __init__(self, root: Path) -> None:
         self.sent: Counter[str] = Counter()
-        handler = type("Handler", (RangeHandler,), {"sent": self.sent})
+        self.faults: Counter[str] = Counter()
+        handler = type("Handler", (RangeHandler,), {"sent": self.sent, "faults": self.faults})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=root))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -216,6 +223,29 @@ def test_a_shard_cut_during_a_run_is_named_in_one_line(prepared: Path, tmp_path:
     line = without_worker_trace(str(cut.value))
     assert "\n" not in line and line.endswith("start a new run."), line
     assert re.search(r"/train-\d+\.bin gave 0 bytes where \d+ were asked for", line), line
+
+
+def test_a_busy_server_is_tried_again_and_one_that_ignores_ranges_is_one_line(
+    prepared: Path, server: RangeServer
+) -> None:
+    local = TokenShardDataModule(str(prepared), vocab_size=300, block_size=16)
+    local.setup("fit")
+    module = streamed(f"{server.url}/tokens", read_mb=0.001)
+    server.faults["busy"] = 2
+    assert all(map(torch.equal, module.splits["val"][40], local.splits["val"][40]))
+    assert server.faults["busy"] == 0, "both refusals were met, then the read went through"
+
+    server.faults["busy"] = 10
+    with pytest.raises(ConfigError, match=r"could not read .*/val-00000\.bin after 4 tries"):
+        module.splits["val"][0]
+    server.faults["busy"] = 0
+
+    server.faults["whole"] = 1
+    try:
+        with pytest.raises(ConfigError, match=r"gave .* bytes where .* its server ignores byte"):
+            module.splits["test"][0]
+    finally:
+        server.faults["whole"] = 0
 
 
 def test_a_url_with_credentials_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from torch.utils.data import Dataset
 
 from ..errors import ConfigError
 from .base import ResumableSampler
+
+READ_ATTEMPTS = 4
 
 
 def is_url(path: str) -> bool:
@@ -142,23 +145,39 @@ class StreamedWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def read(self, start: int, stop: int) -> np.ndarray[Any, Any]:
         """Tokens [start, stop) of the stream, one ranged read per shard they lie in."""
-        if self.fs is None:
-            self.fs, _ = url_to_fs(self.urls[0])
-            self.paths = [str(url_to_fs(url)[1]) for url in self.urls]
         itemsize = self.dtype.itemsize
         pieces = []
         for shard, offset, count in spans(self.starts, start, stop):
-            data = self.fs.cat_file(
-                self.paths[shard], offset * itemsize, (offset + count) * itemsize
-            )
+            data = self.fetch(shard, offset * itemsize, (offset + count) * itemsize)
             if len(data) != count * itemsize:
                 raise ConfigError(
                     f"{self.urls[shard]} gave {len(data)} bytes where {count * itemsize} were "
-                    "asked for: it changed since the run started. Restore it, or prepare the "
-                    "folder again and start a new run."
+                    "asked for: it changed since the run started, or its server ignores byte "
+                    "ranges. Restore it, or prepare the folder again and start a new run."
                 )
             pieces.append(np.frombuffer(data, dtype=self.dtype))
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+    def fetch(self, shard: int, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of a shard, tried again after a failure that may pass (a dropped
+        connection, a busy server): fsspec's HTTP reader does not retry by itself."""
+        if self.fs is None:
+            self.fs, _ = url_to_fs(self.urls[0])
+            self.paths = [str(url_to_fs(url)[1]) for url in self.urls]
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                return bytes(self.fs.cat_file(self.paths[shard], start, stop))
+            except (FileNotFoundError, PermissionError):
+                raise
+            except Exception as error:  # every backend has its own errors
+                if attempt == READ_ATTEMPTS - 1:
+                    raise ConfigError(
+                        f"could not read {self.urls[shard]} after {READ_ATTEMPTS} tries "
+                        f"({type(error).__name__}: {error}). Check the network; the same "
+                        "command resumes from the last checkpoint."
+                    ) from error
+                time.sleep(2**attempt)
+        raise AssertionError("unreachable")
 
     def page(self, number: int) -> np.ndarray[Any, Any]:
         if number in self.pages:
