@@ -38,13 +38,12 @@ from {{ cookiecutter.package_name }}.prepare import (
 
 from .helpers import PACKAGE, run_cli
 from .killing import (
-    COMMON,
     References,
     assert_same_outcome,
     fault,
     killed_then_finished,
 )
-from .test_token_shards import HARD_TEXT, prepare_config, write_corpus
+from .test_token_shards import HARD_TEXT, prepare_config, shard_run, write_corpus
 
 
 class RangeHandler(SimpleHTTPRequestHandler):
@@ -266,12 +265,7 @@ def test_a_streamed_run_on_two_ranks_killed_mid_epoch_finishes_exactly(
     prepared: Path, tmp_path: Path, reference_run: References
 ) -> None:
     command = [
-        *COMMON, "experiment=language_bpe", f"data.path={prepared.as_uri()}",
-        "data.vocab_size=304", "data.block_size=32", "data.batch_size=4", "data.read_mb=0.004",
-        "data.num_workers=2", "model.net.n_layer=1", "trainer.max_steps=12",
-        "trainer.val_check_interval=4", "trainer.limit_val_batches=2",
-        "trainer.limit_test_batches=2", "callbacks.step_checkpoint.every_n_train_steps=4",
-        "strategy=ddp", "trainer.devices=2",
+        *shard_run(prepared.as_uri()), "data.read_mb=0.004", "strategy=ddp", "trainer.devices=2",
     ]  # fmt: skip
     killed_then_finished([*command, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
     assert_same_outcome(reference_run(command), tmp_path / "run")

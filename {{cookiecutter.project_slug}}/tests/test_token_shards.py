@@ -224,17 +224,23 @@ def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
         TokenShardDataModule(str(garbled), vocab_size=300)
 
 
-@pytest.mark.slow
-def test_a_run_on_token_shards_killed_mid_epoch_finishes_exactly(
-    prepared: Path, tmp_path: Path, reference_run: References
-) -> None:
-    command = [
-        *COMMON, "experiment=language_bpe", f"data.path={prepared}", "data.vocab_size=304",
+def shard_run(path: str) -> list[str]:
+    """The tiny GPT on shards of a 300-token BPE, two loader workers: a validation and a step
+    checkpoint every 4 steps, early stopping at step 8 of 12 (tests/killing.py)."""
+    return [
+        *COMMON, "experiment=language_bpe", f"data.path={path}", "data.vocab_size=304",
         "data.block_size=32", "data.batch_size=4", "model.net.n_layer=1", "trainer.max_steps=12",
         "trainer.val_check_interval=4", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=2", "callbacks.step_checkpoint.every_n_train_steps=4",
         "data.num_workers=2",
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_run_on_token_shards_killed_mid_epoch_finishes_exactly(
+    prepared: Path, tmp_path: Path, reference_run: References
+) -> None:
+    command = shard_run(str(prepared))
     killed_then_finished([*command, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
     assert_same_outcome(reference_run(command), tmp_path / "run")
 
