@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from {{ cookiecutter.package_name }}.sharded_checkpoints import (
     META,
     METADATA,
     publish,
+    remove,
     staging_folder,
 )
 
@@ -60,6 +64,9 @@ def write_sharded(path: Path, step: int = 3) -> dict[str, torch.Tensor]:
     return weights
 
 
+WEIGHTS = {"net.weight": torch.ones(4, 3)}
+
+
 class RunsCode:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -75,18 +82,67 @@ def test_a_folder_of_shards_reads_whole(tmp_path: Path) -> None:
     assert_equal(weights, checkpoint["state_dict"], "state_dict")
 
 
-def test_a_hostile_metadata_file_runs_nothing(tmp_path: Path) -> None:
-    """torch.distributed.checkpoint unpickles `.metadata` without restriction."""
+def hostile_metadata(folder: Path, marker: Path) -> None:
+    (folder / METADATA).write_bytes(pickle.dumps(RunsCode(marker)))
+
+
+def hostile_value(folder: Path, marker: Path) -> None:
+    """A value that is not a tensor (as an optimizer's hyperparameters are stored) which runs code
+    when unpickled: torch.distributed.checkpoint loads these with weights_only=False."""
+    remove(folder)
+    state = {"param_groups": [{"lr": RunsCode(marker), "params": ["net.weight"]}]}
+    dcp.save({"state_dict": WEIGHTS, "optimizer_0": state}, checkpoint_id=folder, no_dist=True)
+    torch.save({"global_step": 3}, folder / META)
+
+
+def edit_shard_index(folder: Path, edit: Callable[[Any], None]) -> None:
+    metadata = pickle.loads((folder / METADATA).read_bytes())
+    for info in metadata.storage_data.values():
+        edit(info)
+    (folder / METADATA).write_bytes(pickle.dumps(metadata))
+
+
+def shard_outside(folder: Path, marker: Path) -> None:
+    edit_shard_index(folder, lambda info: setattr(info, "relative_path", "../secret.distcp"))
+
+
+def shard_missing(folder: Path, marker: Path) -> None:
+    for shard in folder.glob("*.distcp"):
+        shard.unlink()
+
+
+def shard_truncated(folder: Path, marker: Path) -> None:
+    for shard in folder.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:-9])
+
+
+HOSTILE = {
+    "metadata-runs-code": (hostile_metadata, r"\.metadata names posix\.system"),
+    "value-runs-code": (hostile_value, r"lr as something other than plain values"),
+    "shard-outside-folder": (shard_outside, r"names '\.\./secret\.distcp', not a file in"),
+    "shard-missing": (shard_missing, r"shard __0_0\.distcp is missing"),
+    "shard-truncated": (shard_truncated, r"shard __0_0\.distcp is \d+ bytes, not \d+"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_or_damaged_folder_runs_nothing_and_is_one_line(
+    tmp_path: Path, case: str
+) -> None:
+    damage, reason = HOSTILE[case]
     folder = tmp_path / "checkpoints" / "last.ckpt"
     write_sharded(folder)
+    (tmp_path / "checkpoints" / "secret.distcp").write_bytes(pickle.dumps(RunsCode(tmp_path)))
     marker = tmp_path / "ran"
-    (folder / METADATA).write_bytes(pickle.dumps(RunsCode(marker)))
-    with pytest.raises(ConfigError, match=r"not a readable sharded checkpoint .*system") as error:
+    damage(folder, marker)
+    with pytest.raises(ConfigError, match=r"not a readable sharded checkpoint") as error:
         read_checkpoint(folder)
-    assert "\n" not in str(error.value)
-    assert newest_valid_checkpoint(folder.parent) is None
-    assert (folder.parent / "last.ckpt.corrupt").is_dir(), "moved aside, not deleted"
+    assert "\n" not in str(error.value) and re.search(reason, str(error.value)), error.value
     assert not marker.exists()
+    if case != "value-runs-code":  # found by reading the folder whole, not by the resume check
+        assert newest_valid_checkpoint(folder.parent) is None
+        assert (folder.parent / "last.ckpt.corrupt").is_dir(), "moved aside, not deleted"
 
 
 def test_only_complete_folders_are_resumed_from(tmp_path: Path) -> None:

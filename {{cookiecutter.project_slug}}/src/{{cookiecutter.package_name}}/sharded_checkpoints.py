@@ -49,9 +49,29 @@ def is_sharded(path: Path) -> bool:
     return path.is_dir() and (path / METADATA).is_file()
 
 
+class MissingShards(ValueError):
+    """A `.metadata` file whose shards are not all there, whole."""
+
+
 def check_metadata(path: Path) -> None:
-    """Raises (UNREADABLE errors) unless `path/.metadata` holds only what a real one does."""
-    MetadataUnpickler(io.BytesIO((path / METADATA).read_bytes())).load()
+    """Raises (UNREADABLE errors) unless `path/.metadata` holds only what a real one does, and
+    names only shard files inside `path` that hold every byte it says they do."""
+    metadata = MetadataUnpickler(io.BytesIO((path / METADATA).read_bytes())).load()
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        raise UnsafeMetadata("its .metadata has no index of its shards")
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            raise UnsafeMetadata(f"its .metadata names {name!r}, not a file in its folder")
+        ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
+    for name, end in sorted(ends.items()):
+        shard = path / name
+        size = shard.stat().st_size if shard.is_file() else None
+        if size is None or size < end:
+            state = "missing" if size is None else f"{size} bytes, not {end}"
+            raise MissingShards(f"its shard {name} is {state}")
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -63,17 +83,18 @@ def read_meta(path: Path) -> dict[str, Any]:
 def read_sharded(path: Path) -> dict[str, Any]:
     """The whole checkpoint in one process's memory, as a single-file one holds it."""
     from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from .shard_planners import WholePlainValuesLoadPlanner, first_failure
 
     checkpoint = read_meta(path)
     tensors: dict[str, Any] = {}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), first_failure():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         _load_state_dict(
             tensors,
             storage_reader=FileSystemReader(path),
-            planner=_EmptyStateDictLoadPlanner(),
+            planner=WholePlainValuesLoadPlanner(),
             no_dist=True,
         )
     optimizers = sorted(key for key in tensors if key.startswith("optimizer_"))

@@ -12,7 +12,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hydra.utils import get_class
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -25,6 +24,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .checkpoints import NonFiniteWeightsError, non_finite_tensors
 from .errors import ConfigError
+from .shard_planners import PlainValuesLoadPlanner, first_failure
 from .sharded_checkpoints import (
     META,
     check_metadata,
@@ -177,14 +177,16 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         check_metadata(path)
         assert self.lightning_module is not None and self.model is not None
         strict = self.lightning_module.strict_loading
-        planner = DefaultLoadPlanner(allow_partial_load=not strict)
+        planner = PlainValuesLoadPlanner(allow_partial_load=not strict)
         weights = {"state_dict": get_model_state_dict(self.model)}
-        dcp.load(weights, checkpoint_id=path, planner=planner)
+        with first_failure():
+            dcp.load(weights, checkpoint_id=path, planner=planner)
         self.model.load_state_dict(weights["state_dict"], strict=strict)
         for index, optimizer in enumerate(self.optimizers):
             key = f"optimizer_{index}"
             state = {key: get_optimizer_state_dict(self.model, optimizer)}
-            dcp.load(state, checkpoint_id=path, planner=planner)
+            with first_failure():
+                dcp.load(state, checkpoint_id=path, planner=planner)
             set_optimizer_state_dict(
                 self.model, optimizer, state[key], options=StateDictOptions(cpu_offload=True)
             )
