@@ -12,6 +12,7 @@ import pytest
 from {{ cookiecutter.package_name }}.bench import training
 from {{ cookiecutter.package_name }}.bench.training import bench
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.runtime import FP8_ON_CPU
 {% if cookiecutter.examples != "vision" %}
 from .helpers import PACKAGE, compose_config, run_cli
 {%- else %}
@@ -66,6 +67,14 @@ def assert_sane(results: dict[str, Any]) -> None:
     assert results["matmul_tflops"] == max(results["matmul_tflops_before_after"])
     for ratio in ("ratio", "ratio_mean"):
         assert math.isfinite(results[ratio]) and results[ratio] > 0
+    assert_same_network(results)
+
+
+def assert_same_network(results: dict[str, Any]) -> None:
+    """The two loops' times compare only if they trained the same thing."""
+    for figure in ("trained_parameters", "float8_layers"):
+        assert results["lightning"][figure] == results["plain"][figure], figure
+    assert results["lightning"]["trained_parameters"] > 0
 {%- if cookiecutter.examples != "language" %}
 
 
@@ -97,6 +106,40 @@ def test_bench_language_on_cpu(tmp_path: Path) -> None:
     for loop in ("lightning", "plain"):
         figures = results[loop]
         assert figures["tokens_per_sec"] == pytest.approx(figures["samples_per_sec"] * 64)
+
+
+SMALL_GPT = [
+    "experiment=language", "model.net.n_layer=2", "model.net.n_embd=64", "model.net.n_head=2",
+    "data.block_size=64", "data.max_bytes=100000",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("setting", "float8_layers"),
+    [
+        (["model.fp8=tensorwise", "trainer.precision=bf16-mixed"], 2 * 4),
+        (["model.lora={rank:4,alpha:8,dropout:0.0,target_modules:[attn.qkv,mlp.fc]}"], 0),
+    ],
+    ids=["fp8", "lora"],
+)
+def test_both_loops_train_the_same_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: list[str], float8_layers: int
+) -> None:
+    """FP8 layers and LoRA adapters in the plain loop too, or its times compare nothing."""
+    pytest.importorskip("torchao")
+    monkeypatch.setenv(FP8_ON_CPU, "1")
+    results = run_bench(tmp_path, *SMALL_GPT, *setting)
+    assert_same_network(results)
+    assert results["lightning"]["float8_layers"] == float8_layers
+    full = run_bench(tmp_path / "full", *SMALL_GPT)["plain"]["trained_parameters"]
+    trained = results["plain"]["trained_parameters"]
+    assert trained < full / 5 if "lora" in str(setting) else trained == full
+
+
+def test_bench_refuses_fp8_where_training_would(tmp_path: Path) -> None:
+    cfg = compose_config("bench", ["trainer=cpu", *SMALL_GPT, "model.fp8=tensorwise"], tmp_path)
+    with pytest.raises(ConfigError, match=r"compute capability 8\.9 or newer; this run is on cpu"):
+        bench(cfg)
 
 
 def test_generation_bench_times_both_ways_from_the_command_line(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from {{ cookiecutter.package_name }}.models.lora import (
 from {{ cookiecutter.package_name }}.models.nets.gpt import (
     GPT,
 )
-from {{ cookiecutter.package_name }}.train import (
+from {{ cookiecutter.package_name }}.runtime import (
     FP8_ON_CPU,
 )
 

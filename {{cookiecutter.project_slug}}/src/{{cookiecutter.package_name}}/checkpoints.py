@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import ConfigError
+from .runtime import is_global_zero
 from .sharded_checkpoints import (
     fsync_directory,
     is_sharded,
@@ -89,10 +90,6 @@ def finish_checkpoint_writes(strategy: Any) -> None:
     finish = getattr(strategy, "finish_checkpoint_writes", None)
     if finish is not None:
         finish()
-
-
-def is_global_zero() -> bool:
-    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def remove_interrupted_writes(ckpt_dir: Path) -> None:

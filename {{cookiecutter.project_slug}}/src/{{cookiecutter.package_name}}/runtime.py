@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 {%- if cookiecutter.logger == "wandb" %}
 import netrc
-import os
 {%- endif %}
+import os
 import warnings
 from pathlib import Path
+from typing import Any
 {%- if cookiecutter.logger == "wandb" %}
 from urllib.parse import urlparse
 {%- endif %}
@@ -17,9 +18,11 @@ from urllib.parse import urlparse
 import torch
 
 from .errors import ConfigError
+from .models.fp8 import RECIPES, fp8_layers, import_torchao
 
 log = logging.getLogger(__name__)
 
+FP8_ON_CPU = "FP8_ON_CPU_FOR_TESTS"  # torch._scaled_mm has a CPU kernel: tests run FP8 there
 PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
 
 
@@ -119,6 +122,50 @@ class DropNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
         return not any(noise in message for noise in NOISE)
+
+
+def is_global_zero() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def check_fp8(cfg: Any, accelerator: str, net: torch.nn.Module) -> None:
+    """`model.fp8` where it can work, or one line saying why not; the layers it leaves in high
+    precision are listed. `net` may be on the meta device."""
+    recipe = cfg.model.get("fp8")
+    if not recipe:
+        return
+    if recipe not in RECIPES:
+        raise ConfigError(f"model.fp8={recipe!r}: use {', '.join(RECIPES)} or null.")
+    if accelerator == "cuda":
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9):
+            raise ConfigError(
+                f"model.fp8 needs a GPU of compute capability 8.9 or newer (H100, H200, L4, L40S, "
+                f"B200); {torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}. "
+                "Remove model.fp8 (bf16-mixed is the fastest here)."
+            )
+    elif accelerator != "cpu" or os.environ.get(FP8_ON_CPU) != "1":
+        raise ConfigError(
+            f"model.fp8 needs a GPU of compute capability 8.9 or newer; this run is on {accelerator}. "
+            "Remove model.fp8, or run on such a GPU (trainer=gpu)."
+        )
+    try:
+        import_torchao()
+    except ImportError as error:
+        raise ConfigError(
+            f"model.fp8 needs torchao ({error}): pip install '{__package__}[fp8]'"
+        ) from error
+    converted, kept = fp8_layers(net)
+    if not converted:
+        raise ConfigError(
+            "model.fp8: no Linear layer of model.net has dimensions that are multiples of 16 "
+            "(float8 matrix products need them); widen the network or remove model.fp8."
+        )
+    if is_global_zero():
+        log.info(
+            "FP8 (%s): %d Linear layers in float8; in high precision: %s",
+            recipe, len(converted), ", ".join(kept) or "none",
+        )  # fmt: skip
 
 
 def use_hydra_logging_only() -> None:

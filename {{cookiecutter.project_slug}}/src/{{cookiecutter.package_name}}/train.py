@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from .callbacks.preemption import stop
 from .checkpoints import (
     check_same_model,
     finish_checkpoint_writes,
-    is_global_zero,
     newest_valid_checkpoint,
     read_checkpoint,
     read_fit_state,
@@ -31,7 +29,6 @@ from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device
 from .memory_plan import fit_warning, plan_for_run
-from .models.fp8 import RECIPES, fp8_layers, import_torchao
 from .recipe_steps import (
     build_trainer,
     config_errors,
@@ -44,7 +41,7 @@ from .recipe_steps import (
 )
 from .run_names import identifying
 from .run_settings import check_run_settings
-from .runtime import use_hydra_logging_only
+from .runtime import check_fp8, is_global_zero, use_hydra_logging_only
 from .targets import check_targets
 from .trained import load_init_weights
 
@@ -66,49 +63,6 @@ def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
         accumulation,
         per_device * devices * nodes * accumulation,
     )
-
-
-FP8_ON_CPU = "FP8_ON_CPU_FOR_TESTS"
-
-
-def check_fp8(cfg: DictConfig, accelerator: str, model: L.LightningModule) -> None:
-    """`model.fp8` where it can work, or one line saying why not; the layers it leaves in high
-    precision are listed."""
-    recipe = cfg.model.get("fp8")
-    if not recipe:
-        return
-    if recipe not in RECIPES:
-        raise ConfigError(f"model.fp8={recipe!r}: use {', '.join(RECIPES)} or null.")
-    if accelerator == "cuda":
-        capability = torch.cuda.get_device_capability()
-        if capability < (8, 9):
-            raise ConfigError(
-                f"model.fp8 needs a GPU of compute capability 8.9 or newer (H100, H200, L4, L40S, "
-                f"B200); {torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}. "
-                "Remove model.fp8 (bf16-mixed is the fastest here)."
-            )
-    elif accelerator != "cpu" or os.environ.get(FP8_ON_CPU) != "1":
-        raise ConfigError(
-            f"model.fp8 needs a GPU of compute capability 8.9 or newer; this run is on {accelerator}. "
-            "Remove model.fp8, or run on such a GPU (trainer=gpu)."
-        )
-    try:
-        import_torchao()
-    except ImportError as error:
-        raise ConfigError(
-            f"model.fp8 needs torchao ({error}): pip install '{__package__}[fp8]'"
-        ) from error
-    converted, kept = fp8_layers(model.net)  # type: ignore[arg-type]
-    if not converted:
-        raise ConfigError(
-            "model.fp8: no Linear layer of model.net has dimensions that are multiples of 16 "
-            "(float8 matrix products need them); widen the network or remove model.fp8."
-        )
-    if is_global_zero():
-        log.info(
-            "FP8 (%s): %d Linear layers in float8; in high precision: %s",
-            recipe, len(converted), ", ".join(kept) or "none",
-        )  # fmt: skip
 
 
 def log_memory_plan(cfg: DictConfig, precision: str, accelerator: str, trainer: L.Trainer) -> None:
@@ -306,7 +260,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     with config_errors():
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
-    check_fp8(cfg, machine.accelerator, model)
+    check_fp8(cfg, machine.accelerator, model.net)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
     with config_errors():

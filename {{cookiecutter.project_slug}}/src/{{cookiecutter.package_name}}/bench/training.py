@@ -30,12 +30,15 @@ import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..callbacks.throughput import peak_tflops
 from ..errors import ConfigError
+from ..models.fp8 import convert_to_fp8
+from ..models.lora import add_adapters
 from ..models.optim import configure_optimizers
 from ..runtime import (
+    check_fp8,
     configure_matmul_precision,
     resolve_accelerator,
     resolve_precision,
@@ -238,7 +241,8 @@ def lightning_loop(
         max_steps=math.ceil(clock.total / accumulate),
     )
     trainer.fit(model, datamodule=datamodule)
-    return clock.summary(), model, datamodule
+    optimizer = trainer.optimizers[0]
+    return {**clock.summary(), **network_figures(model, optimizer)}, model, datamodule
 
 
 def plain_loop(
@@ -251,6 +255,11 @@ def plain_loop(
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
     net = instantiate(cfg.model.net)
+    # As the LightningModule prepares it: adapters when it is built, float8 layers at setup.
+    if cfg.model.get("lora"):
+        add_adapters(net, **OmegaConf.to_container(cfg.model.lora))  # type: ignore[arg-type]
+    if cfg.model.get("fp8"):
+        convert_to_fp8(net, cfg.model.fp8)
     if precision in TRUE_DTYPES:
         net.to(TRUE_DTYPES[precision])
     net.to(device).train()
@@ -311,7 +320,15 @@ def plain_loop(
             if scheduler is not None:
                 scheduler.step()
         clock.end()
-    return clock.summary()
+    return {**clock.summary(), **network_figures(net, optimizer)}
+
+
+def network_figures(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """What a loop trained: both loops must agree on these for their times to compare."""
+    return {
+        "trained_parameters": sum(p.numel() for g in optimizer.param_groups for p in g["params"]),
+        "float8_layers": sum(type(m).__name__ == "Float8Linear" for m in net.modules()),
+    }
 
 
 def find_batch_size(cfg: DictConfig, accelerator: str, precision: str) -> int:
@@ -376,6 +393,8 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
     configure_matmul_precision(cfg.get("matmul_precision"))
     use_hydra_logging_only()
     device = torch.device("cuda" if accelerator in ("gpu", "cuda") else accelerator)
+    with torch.device("meta"):
+        check_fp8(cfg, device.type, instantiate(cfg.model.net))
 
     if settings.get("find_batch_size"):
         found = find_batch_size(cfg, accelerator, precision)
@@ -407,6 +426,7 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
         "lightning_version": L.__version__,
         "precision": precision,
         "compile": compiled,
+        "fp8": cfg.model.get("fp8"),
         "batch_size": batch_size,
         "accumulate_grad_batches": int(cfg.trainer.get("accumulate_grad_batches") or 1),
         "tokens_per_sample": tokens_per_sample,
@@ -433,9 +453,9 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
     for name, loop in loops.items():
         loop["compile_s"] = loop["warmup_excess_s"] if compiled else None
         loop.update(rates(loop, batch_size, tokens_per_sample, flops_per_sample, peak, ceiling))
-        if loop["mfu_vs_matmul"] is not None and loop["mfu_vs_matmul"] > 1.0:
+        if not results["fp8"] and loop["mfu_vs_matmul"] is not None and loop["mfu_vs_matmul"] > 1:
             # Faster than the best matrix product measured: the machine's speed changed under
-            # the run, and the figure would mislead.
+            # the run, and the figure would mislead. (Float8 matrix products may beat it.)
             loop["mfu_vs_matmul"] = None
             results["matmul_note"] = "MFU vs matmul left out: a loop beat the measured ceiling"
         results[name] = loop
@@ -470,7 +490,8 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         f"{results['command']}",
         f"  {results['device']}, {results['precision']}, "
-        f"{'compiled' if results['compile'] else 'eager'}, batch {results['batch_size']}, "
+        f"{'compiled' if results['compile'] else 'eager'}, "
+        f"{'FP8 ' + results['fp8'] + ', ' if results['fp8'] else ''}batch {results['batch_size']}, "
         f"{results['steps']} steps after {results['warmup_steps']} warm-up",
         f"  {'':<28}" + "".join(f"{name:>14}" for name in loops),
         row("step time median (ms)", "step_time_median_s", 1e3),
@@ -486,6 +507,8 @@ def report(results: dict[str, Any]) -> str:
         row("data wait share (%)", "data_share", 100, 1),
         row("first step (s)", "first_step_s"),
         row("compile (s)", "compile_s"),
+        row("trained parameters", "trained_parameters", places=0),
+        row("float8 layers", "float8_layers", places=0),
     ]
     if results.get("matmul_note"):
         lines.append(f"  {results['matmul_note']}")
