@@ -171,3 +171,26 @@ def test_fp8_under_fsdp2_all_gathering_in_float8_resumes_exactly(
     # The test, in float8 too, on the trained weights: below a uniform guess, near validation.
     assert metrics["test/loss"] < math.log(257), metrics
     assert abs(metrics["test/loss"] - metrics["val/loss"]) < 0.25, metrics
+
+
+def fp8_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not fp8_gpu(), reason="needs a GPU of compute capability 8.9 or newer")
+def test_fp8_compiled_on_a_gpu_learns_and_saves_plain_weights(tmp_path: Path) -> None:
+    result = run_cli(
+        "-m", PACKAGE, "trainer=gpu", "logger=csv", "extras.print_config=false",
+        "callbacks.progress_bar=null", "experiment=language", "model.fp8=tensorwise",
+        "model.compile=true", "trainer.max_steps=100", "trainer.val_check_interval=50",
+        "trainer.limit_val_batches=10", "trainer.limit_test_batches=10", "run_name=fp8",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "logs" / "train" / "runs" / "fp8"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["val/loss"] < math.log(256) - 1.0, metrics
+    assert abs(metrics["test/loss"] - metrics["val/loss"]) < 0.25, metrics
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(type(value) is torch.Tensor for value in state.values())

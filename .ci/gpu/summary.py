@@ -1,0 +1,73 @@
+"""The figures of figures.sh's bench.json files (and the doctor's estimates beside them) as
+Markdown tables, for docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def number(value: object, scale: float = 1.0, places: int = 1, unit: str = "") -> str:
+    return "-" if value is None else f"{float(value) * scale:,.{places}f}{unit}"  # type: ignore[arg-type]
+
+
+def estimate(path: Path) -> str:
+    doctor = path.with_name(path.name.replace(".json", ".doctor.json"))
+    if not doctor.is_file():
+        return "-"
+    memory = str(json.loads(doctor.read_text()).get("memory", "-"))
+    return memory.split(" GiB", 1)[0]
+
+
+def training_rows(runs: list[tuple[Path, dict]]) -> list[str]:
+    rows = [
+        "| run | device | FP8 | batch | step ms (Lightning, plain) | ratio | tokens/s | TFLOP/s "
+        "| MFU | MFU vs matmul | peak GiB | estimate GiB | float8 layers |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path, result in runs:
+        lightning, plain = result["lightning"], result.get("plain", {})
+        rows.append(
+            f"| {path.stem} | {result['device']} | {result.get('fp8') or '-'} "
+            f"| {result['batch_size']} | {number(lightning['step_time_median_s'], 1e3, 2)}, "
+            f"{number(plain.get('step_time_median_s'), 1e3, 2)} | {number(result.get('ratio'), 1, 3)} "
+            f"| {number(lightning['tokens_per_sec'], 1, 0)} | {number(lightning['tflops'])} "
+            f"| {number(lightning['mfu'], 100, 1, '%')} "
+            f"| {number(lightning['mfu_vs_matmul'], 100, 1, '%')} "
+            f"| {number(lightning['peak_memory_gib'], 1, 2)} | {estimate(path)} "
+            f"| {lightning.get('float8_layers', '-')} |"
+        )
+    return rows
+
+
+def checkpoint_rows(path: Path, result: dict) -> list[str]:
+    rows = ["| mode | saves | stall per save (s) | write per save (s) | fit wall (s) | MB |"]
+    rows.append("| --- | --- | --- | --- | --- | --- |")
+    for mode, row in result.items():
+        if isinstance(row, dict) and "stall_median_s" in row:
+            rows.append(
+                f"| {mode} | {row['saves']} | {number(row['stall_median_s'], 1, 3)} "
+                f"| {number(row['write_median_s'], 1, 3)} | {number(row['fit_wall_s'])} "
+                f"| {number(row['checkpoint_bytes'], 1e-6)} |"
+            )
+    return rows
+
+
+def main(out: Path) -> None:
+    runs = []
+    for path in sorted(out.glob("*.json")):
+        if path.name.endswith(".doctor.json"):
+            continue
+        result = json.loads(path.read_text())
+        if "lightning" in result:
+            runs.append((path, result))
+        else:
+            print(f"\n{path.stem}: {result.get('command', '')}\n")
+            print("\n".join(checkpoint_rows(path, result)))
+    if runs:
+        print("\n" + "\n".join(training_rows(runs)))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
