@@ -12,10 +12,12 @@ import pytest
 from {{ cookiecutter.package_name }}.bench import training
 from {{ cookiecutter.package_name }}.bench.training import bench
 from {{ cookiecutter.package_name }}.errors import ConfigError
+{%- if cookiecutter.examples != "vision" %}
 from {{ cookiecutter.package_name }}.runtime import FP8_ON_CPU
-{% if cookiecutter.examples != "vision" %}
+
 from .helpers import PACKAGE, compose_config, run_cli
 {%- else %}
+
 from .helpers import compose_config
 {%- endif %}
 
