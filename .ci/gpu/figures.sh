@@ -44,9 +44,9 @@ case "$part" in
   large)
     bench gpt_1b-bf16 experiment=gpt_1b bench.warmup=5 bench.steps=20
     bench gpt_1b-fp8 experiment=gpt_1b bench.warmup=5 bench.steps=20 model.fp8=tensorwise
-    bench gpt2_medium-bf16 experiment=gpt2_medium bench.warmup=5 bench.steps=20 bench.plain=false
     ;;
   rest)
+    bench gpt2_medium-bf16 experiment=gpt2_medium bench.warmup=5 bench.steps=20 bench.plain=false
     bench checkpoints experiment=gpt2_small strategy=model_parallel \
       trainer.strategy.data_parallel_size=1 trainer.devices=1 data.batch_size=16 \
       bench.checkpointing=true bench.warmup=2 bench.steps=12 bench.save_every=3
