@@ -4,8 +4,9 @@
 set -uo pipefail
 part="${1:?usage: figures.sh gpt2|large|rest}"
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-$PWD/.gpu/out}"
-mkdir -p "$OUT"
+OUT="${OUT:-$PWD/.gpu/out}"  # the device tool brings back 8 files: all of a part's go in 3
+WORK="/tmp/gpu-figures/$part"
+rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
 if [ -d .gpu/whl ] && ! python3 -c 'import hydra' 2> /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .gpu/whl/*.whl || exit 1
@@ -23,13 +24,13 @@ bench() {  # bench NAME OVERRIDES...: one bench.json, and the doctor's estimate 
   shift
   echo "== $name: $*"
   python3 -c "from $package.bench import main; main()" "${common[@]}" "$@" \
-    "bench.output=$OUT/$name.json" "hydra.run.dir=$OUT/runs/$name" > "$OUT/$name.log" 2>&1 \
-    || { tail -n 20 "$OUT/$name.log"; return 0; }
+    "bench.output=$WORK/$name.json" "hydra.run.dir=$WORK/runs/$name" > "$WORK/$name.log" 2>&1 \
+    || { tail -n 20 "$WORK/$name.log"; return 0; }
   local run=() setting
   for setting in "${common[@]}" "$@"; do [[ $setting == bench.* ]] || run+=("$setting"); done
   python3 -c "from $package.doctor import main; main()" --json "${run[@]}" \
-    > "$OUT/$name.doctor.json" 2> /dev/null
-  tail -n 22 "$OUT/$name.log"
+    > "$WORK/$name.doctor.json" 2> /dev/null
+  tail -n 22 "$WORK/$name.log"
 }
 
 nvidia-smi --query-gpu=name,driver_version,power.limit,memory.total --format=csv,noheader || true
@@ -50,8 +51,11 @@ case "$part" in
     bench checkpoints experiment=gpt2_small strategy=model_parallel \
       trainer.strategy.data_parallel_size=1 trainer.devices=1 data.batch_size=16 \
       bench.checkpointing=true bench.warmup=2 bench.steps=12 bench.save_every=3
-    (cd .gpu/project && timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu 2>&1 | tail -n 15)
+    (cd .gpu/project && timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu 2>&1) \
+      > "$WORK/gpu-tests.log"
+    tail -n 15 "$WORK/gpu-tests.log"
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
-python3 .ci/gpu/summary.py "$OUT"
+python3 .ci/gpu/summary.py "$WORK" | tee "$OUT/$part.md"
+tar -czf "$OUT/$part-logs.tar.gz" -C "$WORK" --exclude=runs .

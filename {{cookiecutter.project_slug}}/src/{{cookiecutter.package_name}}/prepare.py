@@ -1,13 +1,13 @@
 """The prepare recipe: a text corpus -> a tokenizer -> memory-mapped token shards.
 
 The corpus (`source`: stdlib, a file, a folder or a glob) is read as documents (files), each cut
-at line ends into pieces of at most 64 KiB; piece k goes to the validation or test split when
-(k x golden ratio) mod 1 falls in their share, so every split samples the whole corpus. A BPE
-tokenizer is trained on the training split only. Worker processes tokenize the pieces in order,
-each piece followed by `<|endoftext|>`, into shards of at most `shard_tokens` tokens. Everything
-is written to a hidden folder beside `output` and renamed once complete, with `manifest.json`
-(settings, counts, SHA-256 of each shard): a killed run leaves no folder that looks prepared,
-and the same command then starts over.
+at line ends into pieces of at most 65,536 characters; piece k goes to the validation or test
+split when (k x golden ratio) mod 1 falls in their share, so every split samples the whole
+corpus. A BPE tokenizer is trained on the training split only. Worker processes tokenize the
+pieces in order, each piece followed by `<|endoftext|>`, into shards of at most `shard_tokens`
+tokens. Everything is written to a hidden folder beside `output` and renamed once complete, with
+`manifest.json` (settings, counts, SHA-256 of each shard): a killed run leaves no folder that
+looks prepared, and the same command then starts over.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PIECE_BYTES = 64 * 1024
+PIECE_CHARACTERS = 64 * 1024
 SETTINGS = ("source", "tokenizer", "vocab_size", "max_bytes", "val_fraction", "test_fraction")
 
 
@@ -58,9 +58,9 @@ def source_files(source: str) -> list[Path]:
 
 
 def cut(text: str) -> Iterator[str]:
-    """`text` in pieces of at most about PIECE_BYTES, ending at line ends where there are any."""
-    while len(text) > PIECE_BYTES:
-        end = text.rfind("\n", 0, PIECE_BYTES) + 1 or PIECE_BYTES
+    """`text` in pieces of at most PIECE_CHARACTERS, ending at line ends where there are any."""
+    while len(text) > PIECE_CHARACTERS:
+        end = text.rfind("\n", 0, PIECE_CHARACTERS) + 1 or PIECE_CHARACTERS
         yield text[:end]
         text = text[end:]
     if text:
@@ -95,7 +95,7 @@ def split_pieces(
         if not pieces[split]:
             raise ConfigError(
                 f"source={source} has too little text for a {split} split ({index} pieces of up "
-                f"to {PIECE_BYTES // 1024} KiB): add text or raise {split}_fraction."
+                f"to {PIECE_CHARACTERS:,} characters): add text or raise {split}_fraction."
             )
     return pieces
 
