@@ -27,7 +27,7 @@ from {{ cookiecutter.package_name }}.train import (
     train,
 )
 
-from .helpers import PACKAGE, ComposeFn
+from .helpers import PACKAGE, ComposeFn, run_cli
 
 
 def dangerous_calls(marker: Path) -> dict[str, list[Any]]:
@@ -133,3 +133,21 @@ def test_a_target_hidden_in_an_interpolation_is_refused() -> None:
     node = OmegaConf.create({"name": "os.system", "model": model})
     with pytest.raises(ConfigError, match=re.escape("${name}")):
         check_targets(node)
+
+
+def test_a_hydra_callback_is_checked_before_hydra_builds_it(tmp_path: Path) -> None:
+    """Hydra builds `hydra.callbacks` before any recipe runs; a file-writing callable there could
+    plant code (a .pth file) for the next Python start."""
+    made = tmp_path / "made"
+    callback = ["+hydra.callbacks.x._target_=pathlib.Path.mkdir", f"+hydra.callbacks.x.self={made}"]
+    for sweep in ([], ["-m", "seed=1,2"]):
+        result = run_cli("-m", PACKAGE, *sweep, "trainer=cpu", "debug=fdr", *callback, cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+        assert "hydra.callbacks.x._target_=pathlib.Path.mkdir in the config is not" in lines[0]
+        assert not made.exists() and not (tmp_path / "logs").exists()
+    # Listed exactly, it is built (the run then stops at its bad seed).
+    listed = run_cli(
+        "-m", PACKAGE, "seed=abc", *callback, "allowed_targets=[pathlib.Path.mkdir]", cwd=tmp_path
+    )
+    assert listed.returncode == 1 and "seed" in listed.stderr and made.is_dir()

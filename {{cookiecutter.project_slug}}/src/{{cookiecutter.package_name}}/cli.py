@@ -14,9 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 from . import command_errors, stop_signals
 from .errors import ConfigError, TrainingError
 from .run_names import pasteable, register_run_name_resolver, verbatim
+from .targets import check_hydra_callbacks
 
 register_run_name_resolver()
 command_errors.install()
+check_hydra_callbacks()
 
 
 def share_config_store_when_copied() -> None:

@@ -15,6 +15,8 @@ from hydra._internal import utils as hydra_utils
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import OmegaConfBaseException
 
+from .errors import ConfigError
+
 NOT_WRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
 HYDRA_FOOTERS = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")
 APPEND_HINT = "To append to your config"
@@ -51,6 +53,8 @@ def not_writable(error: OSError) -> str:
 
 def one_line(error: BaseException) -> str | None:
     """The one line that reports `error`, or None for an error that is a bug (kept as a trace)."""
+    if isinstance(error, ConfigError):
+        return str(error)
     if isinstance(error, OverrideParseException):
         problem = lines_of(error.message)[0].rstrip(".") if error.message.strip() else "?"
         return (

@@ -55,3 +55,23 @@ def check_targets(node: Any, extra_allowed: Iterable[str] = (), source: str = "t
                 "project's configs name, and the exact names listed in allowed_targets. If you "
                 f"trust that code, add it: 'allowed_targets=[{target}]'."
             )
+
+
+def check_hydra_callbacks() -> None:
+    """Hydra builds the callbacks under `hydra.callbacks` before a run starts, and before the
+    recipes check anything: their `_target_`s pass the same check first, in every command."""
+    from hydra._internal.callbacks import Callbacks
+
+    build = Callbacks.__init__
+    if getattr(build, "checks_targets", False):
+        return
+
+    def checked(self: Callbacks, config: DictConfig | None = None) -> None:
+        callbacks = OmegaConf.select(config, "hydra.callbacks") if config is not None else None
+        if callbacks:
+            allowed = OmegaConf.select(config, "allowed_targets") or ()
+            check_targets(OmegaConf.create({"hydra": {"callbacks": callbacks}}), allowed)
+        build(self, config)
+
+    checked.checks_targets = True  # type: ignore[attr-defined]
+    Callbacks.__init__ = checked  # type: ignore[method-assign]
