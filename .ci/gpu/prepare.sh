@@ -8,7 +8,10 @@
 # Each prints a Markdown table of its figures last; bench.json files come back under $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TORCHAO="${TORCHAO:-torchao==$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torchao"))')}"
+installed() { .venv/bin/python -c "from importlib.metadata import version; print(version('$1'))"; }
+# The versions this venv tests with; TORCHAO=torchao==X.Y.Z picks another (one that imports with
+# the GPU machine's torch).
+TORCHAO="${TORCHAO:-torchao==$(installed torchao)}"
 rm -rf .gpu && mkdir -p .gpu/whl
 mkdir -p .git/info
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -18,7 +21,7 @@ platforms=()
 for n in 17 24 27 28 31 34; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 --platform any -d .gpu/whl \
-  hydra-core==1.3.2 omegaconf==2.3.0 "$TORCHAO"
+  "hydra-core==$(installed hydra-core)" "omegaconf==$(installed omegaconf)" "$TORCHAO"
 # Pure Python, published only as source: built here into a wheel.
 .venv/bin/python -m pip wheel -q --no-deps -w .gpu/whl antlr4-python3-runtime==4.9.3
 ls .gpu/whl
