@@ -67,10 +67,10 @@ def check_hydra_callbacks() -> None:
         return
 
     def checked(self: Callbacks, config: DictConfig | None = None) -> None:
-        callbacks = OmegaConf.select(config, "hydra.callbacks") if config is not None else None
-        if callbacks:
+        if config is not None and OmegaConf.select(config, "hydra.callbacks"):
+            callbacks = {"callbacks": OmegaConf.select(config, "hydra.callbacks")}
             allowed = OmegaConf.select(config, "allowed_targets") or ()
-            check_targets(OmegaConf.create({"hydra": {"callbacks": callbacks}}), allowed)
+            check_targets(OmegaConf.create({"hydra": callbacks}), allowed)
         build(self, config)
 
     checked.checks_targets = True  # type: ignore[attr-defined]
