@@ -138,10 +138,28 @@ def test_both_loops_train_the_same_network(
     assert trained < full / 5 if "lora" in str(setting) else trained == full
 
 
-def test_bench_refuses_fp8_where_training_would(tmp_path: Path) -> None:
-    cfg = compose_config("bench", ["trainer=cpu", *SMALL_GPT, "model.fp8=tensorwise"], tmp_path)
-    with pytest.raises(ConfigError, match=r"compute capability 8\.9 or newer; this run is on cpu"):
-        bench(cfg)
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        (["model.fp8=tensorwise"], "model.fp8 needs a GPU of compute capability 8.9"),
+        (
+            ["+hydra.callbacks.x._target_=pathlib.Path.mkdir", "+hydra.callbacks.x.self=made"],
+            "hydra.callbacks.x._target_=pathlib.Path.mkdir in the config is not allowed",
+        ),
+    ],
+    ids=["fp8-on-cpu", "hydra-callback"],
+)
+def test_bench_refuses_what_training_refuses_in_one_line_leaving_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: list[str], words: str
+) -> None:
+    monkeypatch.delenv(FP8_ON_CPU, raising=False)
+    result = run_cli(
+        "-c", f"from {PACKAGE}.bench import main; main()", "trainer=cpu", *SMALL_GPT, *setting,
+        cwd=tmp_path,
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and words in lines[0], result.stderr[-2000:]
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "made").exists()
 
 
 def test_generation_bench_times_both_ways_from_the_command_line(tmp_path: Path) -> None:

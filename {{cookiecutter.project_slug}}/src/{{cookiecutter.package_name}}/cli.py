@@ -45,6 +45,8 @@ HYDRA_START_FILES = (
     "eval.log",
     "predict.log",
     "export.log",
+    "bench.log",
+    "prepare.log",
     "debug.log",
     "run_overrides.json",
     ".lock",

@@ -19,10 +19,10 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
+# Importing cli installs what every console script has: Hydra's errors in one line, the
+# `_target_` check of `hydra.callbacks`, the run-name resolver.
+from ..cli import remove_unused_run_dir
 from ..errors import ConfigError
-from ..run_names import register_run_name_resolver
-
-register_run_name_resolver()
 
 
 @hydra.main(
@@ -47,6 +47,7 @@ def main(cfg: DictConfig) -> None:
 
             bench(cfg)
     except ConfigError as error:
+        remove_unused_run_dir()
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
 
