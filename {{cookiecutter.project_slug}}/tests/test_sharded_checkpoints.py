@@ -192,6 +192,23 @@ def test_killed_while_shards_are_written_in_the_background_finishes_exactly(
 
 
 @pytest.mark.slow
+def test_sigterm_saves_a_whole_folder_in_the_background_and_the_same_command_finishes_exactly(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """A preemption's save is asynchronous too: the run must not exit before it is complete."""
+    cwd = tmp_path / "run"
+    command = [*SHARDED_RUN, *fault("train_step", 6, tmp_path / "fired", "SIGTERM", True)]
+    code, output = run(command, cwd)
+    saved = re.search(r"SIGTERM at step (\d+): saved", output)
+    assert code == 143 and saved, output[-3000:]
+    last = run_dir(cwd) / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)["global_step"] == int(saved[1]) < 12
+    code, output = run(command, cwd)
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run(SHARDED_RUN), cwd)
+
+
+@pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_on_one_process_and_evaluates_as_one_file(
     tmp_path: Path, reference_run: References
 ) -> None:
