@@ -133,8 +133,9 @@ def test_a_killed_fp8_run_finishes_as_if_never_stopped(
         (["model.fp8=fp4"], True, ["model.fp8='fp4'", "tensorwise"]),
         (["model.fp8=tensorwise"], False, ["compute capability 8.9", "on cpu"]),
         (["model.fp8=tensorwise", "model.net.n_embd=40"], True, ["multiples of 16"]),
+        (["model.fp8=tensorwise", "strategy=fsdp"], True, ["strategy=model_parallel (FSDP2"]),
     ],
-    ids=["unknown", "cpu", "odd-sizes"],
+    ids=["unknown", "cpu", "odd-sizes", "fsdp1"],
 )
 def test_fp8_where_it_cannot_work_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: list[str], allowed_on_cpu: bool,

@@ -136,6 +136,12 @@ def check_fp8(cfg: Any, accelerator: str, net: torch.nn.Module) -> None:
         return
     if recipe not in RECIPES:
         raise ConfigError(f"model.fp8={recipe!r}: use {', '.join(RECIPES)} or null.")
+    strategy = str(cfg.trainer.get("strategy")).lower()
+    if "fsdp" in strategy and "shardedcheckpointstrategy" not in strategy:
+        raise ConfigError(
+            "model.fp8 runs on one device or under strategy=model_parallel (FSDP2, which "
+            "all-gathers the weights in float8), not under FSDP1 (strategy=fsdp)."
+        )
     if accelerator == "cuda":
         capability = torch.cuda.get_device_capability()
         if capability < (8, 9):
