@@ -42,6 +42,7 @@ SHORT_RUN = [
 MISSING_DATA = ("data.source=/no/such/corpus", "data.source=/no/such/corpus")
 UNREADABLE_DATA = "data.source={dir}/unreadable/train.txt"
 UNREADABLE_FILES = ("train.txt",)
+SHARDING_ADVICE = "strategy=model_parallel"  # the language model shards itself (FSDP2)
 {%- else %}
 
 SHORT_RUN = [
@@ -55,6 +56,7 @@ UNREADABLE_FILES = tuple(
     for split in ("train", "t10k")
     for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")
 )
+SHARDING_ADVICE = "strategy=fsdp"  # the ConvNet has no configure_model for FSDP2
 {%- endif %}
 # A file that the kernel refuses to read, even to root (reading it fails with EIO).
 UNREADABLE_FILE = Path("/proc/self/mem")
@@ -121,7 +123,9 @@ TRAIN_CASES = {
     "batch size zero": (["data.batch_size=0"], ["data.batch_size"]),
     "negative worker count": (["data.num_workers=-2"], ["data.num_workers"]),
     "worker count a word": (["data.num_workers=many"], ["data.num_workers='many'", "or auto"]),
-    "unknown checkpoint mode": (["strategy=model_parallel", "trainer.strategy.checkpoint=zip"], ["checkpoint=zip", "async, sync, consolidated"]),
+{%- if cookiecutter.examples != "vision" %}
+    "unknown checkpoint mode": (["experiment=language", "strategy=model_parallel", "trainer.strategy.checkpoint=zip"], ["checkpoint=zip", "async, sync, consolidated"]),
+{%- endif %}
     "unknown precision": (["trainer.precision=fp8"], ["not one of"]),
     "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
     "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
@@ -144,6 +148,9 @@ TRAIN_CASES = {
     "negative gradient clip": (["trainer.gradient_clip_val=-1"], ["gradient_clip_val=-1"]),
     "batch limit above 1.0": (["trainer.limit_train_batches=1.5"], ["limit_train_batches=1.5", "fraction"]),
     "negative batch limit": (["trainer.limit_val_batches=-2"], ["limit_val_batches=-2"]),
+{%- if cookiecutter.examples != "language" %}
+    "model_parallel for a model without configure_model": (["strategy=model_parallel", "trainer.strategy.data_parallel_size=1", "trainer.devices=1"], ["strategy=model_parallel needs", "ImageClassifier has none"]),
+{%- endif %}
 }  # fmt: skip
 
 
@@ -320,7 +327,7 @@ def test_out_of_memory_is_one_line_of_advice_and_keeps_the_checkpoints(
     line = fails_with(
         train, cfg, capsys, f"out of memory on cpu with data.batch_size={batch} per device",
         f"data.batch_size={batch // 2} trainer.accumulate_grad_batches=2", "GiB of",
-        "strategy=model_parallel", "bench.find_batch_size=true", str(cfg.paths.output_dir),
+        SHARDING_ADVICE, "bench.find_batch_size=true", str(cfg.paths.output_dir),
     )  # fmt: skip
     assert "Traceback" not in capsys.readouterr().err
     (kept,) = checkpoints(cfg)

@@ -3,6 +3,7 @@ in the forward pass, and the weights, gradients and AdamW state after an optimiz
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from {{ cookiecutter.package_name }}.models.lora import (
 from {{ cookiecutter.package_name }}.models.nets.gpt import (
     GPT,
 )
+
+from .helpers import compose_config
 
 SHAPES = [(2, 64, 2, 32, 4), (4, 128, 4, 64, 2), (1, 256, 8, 128, 2), (3, 96, 3, 48, 3)]
 TARGETS = ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]
@@ -109,10 +112,19 @@ def test_weights_gradients_and_optimizer_state_match_a_real_step(lora: bool) -> 
     assert (plan.parts["trained"] < plan.parts["parameters"] / 5) == lora
 
 
-def test_sharding_divides_weights_gradients_and_optimizer_but_not_activations() -> None:
+@pytest.mark.parametrize("strategy", ["model_parallel", "fsdp"])
+def test_sharding_divides_weights_gradients_and_optimizer_but_not_activations(
+    strategy: str, tmp_path: Path
+) -> None:
+    """The strategies as their configs build them, and as Lightning's names."""
     config = model_config(2, 64, 2, 32)
-    whole = plan_memory(config, 4, "bf16-mixed", 4, "ddp")
-    sharded = plan_memory(config, 4, "bf16-mixed", 4, {"_target_": "ModelParallelStrategy"})
-    assert sharded.sharded and not whole.sharded
-    assert sharded.optimizer == whole.optimizer // 4
-    assert sharded.activations == whole.activations
+    built = {
+        name: compose_config("train", [f"strategy={name}"], tmp_path).trainer.strategy
+        for name in ("ddp", strategy)
+    }
+    whole = plan_memory(config, 4, "bf16-mixed", 4, built["ddp"])
+    for sharding in (built[strategy], strategy):
+        sharded = plan_memory(config, 4, "bf16-mixed", 4, sharding)
+        assert sharded.sharded and not whole.sharded, sharding
+        assert sharded.optimizer == whole.optimizer // 4
+        assert sharded.activations == whole.activations

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from .memory_plan import is_sharded
+
 GIB = 2**30
 
 
@@ -30,8 +32,11 @@ def out_of_memory_device(error: BaseException) -> torch.device:
     return torch.device("cpu")
 
 
-def out_of_memory_advice(cfg: Any, device: torch.device, run_dir: str, package: str) -> str:
-    """The batch, the measured peak and the device's memory, then what to change."""
+def out_of_memory_advice(
+    cfg: Any, device: torch.device, run_dir: str, package: str, shards: bool
+) -> str:
+    """The batch, the measured peak and the device's memory, then what to change (`shards`:
+    whether the model can run under strategy=model_parallel)."""
     batch = cfg.data.get("batch_size")
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
     peak, total = peak_and_total_gib(device)
@@ -44,9 +49,11 @@ def out_of_memory_advice(cfg: Any, device: torch.device, run_dir: str, package: 
     net = cfg.model.get("net") or {}
     if "activation_checkpointing" in net and not net.get("activation_checkpointing"):
         changes.append("model.net.activation_checkpointing=true")
-    strategy = str(cfg.trainer.get("strategy")).lower()
-    if "modelparallel" not in strategy and "fsdp" not in strategy:
-        changes.append("strategy=model_parallel (FSDP2 shards weights and optimizer state)")
+    if not is_sharded(cfg.trainer.get("strategy")):
+        changes.append(
+            "strategy=model_parallel (FSDP2 shards weights and optimizer state)" if shards
+            else "strategy=fsdp (FSDP shards weights, gradients and optimizer state)"
+        )  # fmt: skip
     changes.append(f"the largest batch that fits: {package}-bench bench.find_batch_size=true")
     return (
         f"out of memory on {device.type} with data.batch_size={batch} per device (peak "

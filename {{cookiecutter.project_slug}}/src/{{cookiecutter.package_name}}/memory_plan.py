@@ -65,8 +65,19 @@ class MemoryPlan:
 
 
 def is_sharded(strategy: Any) -> bool:
-    name = str(strategy).lower()
-    return "fsdp" in name or "modelparallel" in name
+    """FSDP (`strategy=fsdp`) or FSDP2 (`strategy=model_parallel`), named or configured."""
+    name = str(strategy).lower().replace("_", "")
+    return any(word in name for word in ("fsdp", "modelparallel", "shardedcheckpointstrategy"))
+
+
+def shards_itself(model_class: type) -> bool:
+    """Whether a LightningModule applies its own parallelism in `configure_model` (Lightning's
+    own does nothing), which strategy=model_parallel needs."""
+    return any(
+        "configure_model" in vars(base)
+        for base in model_class.__mro__
+        if not base.__module__.startswith("lightning.")
+    )
 
 
 def weight_bytes(precision: str) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,7 +28,7 @@ from .checkpoints import (
 from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device
-from .memory_plan import fit_warning, plan_for_run
+from .memory_plan import fit_warning, plan_for_run, shards_itself
 from .recipe_steps import (
     build_trainer,
     config_errors,
@@ -63,6 +63,17 @@ def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
         accumulation,
         per_device * devices * nodes * accumulation,
     )
+
+
+def check_strategy_fits(cfg: DictConfig, model: L.LightningModule) -> None:
+    name = str(cfg.trainer.get("strategy")).lower().replace("_", "")
+    model_parallel = "modelparallel" in name or "shardedcheckpointstrategy" in name
+    if model_parallel and not shards_itself(type(model)):
+        raise ConfigError(
+            f"strategy=model_parallel needs a LightningModule that applies FSDP2 itself in "
+            f"configure_model(); {type(model).__name__} has none. Use strategy=ddp, or "
+            "strategy=fsdp on GPUs."
+        )
 
 
 def log_memory_plan(cfg: DictConfig, precision: str, accelerator: str, trainer: L.Trainer) -> None:
@@ -245,7 +256,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 metrics = fit_and_test(cfg)
             except torch.OutOfMemoryError as error:
                 device = out_of_memory_device(error)
-                advice = out_of_memory_advice(cfg, device, cfg.paths.output_dir, __package__)
+                shards = shards_itself(get_class(cfg.model._target_))
+                advice = out_of_memory_advice(
+                    cfg, device, cfg.paths.output_dir, __package__, shards
+                )
                 raise TrainingError(advice) from error
             leave_process_group()
             return metrics
@@ -261,6 +275,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
     check_fp8(cfg, machine.accelerator, model.net)
+    check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
     with config_errors():
