@@ -135,6 +135,72 @@ def test_a_target_hidden_in_an_interpolation_is_refused() -> None:
         check_targets(node)
 
 
+def resolved(resolver: str, argument: str) -> str:
+    return "${" + f"{resolver}:{argument}" + "}"
+
+
+def hidden_targets(marker: Path) -> dict[str, Any]:
+    """Values with no `_target_` written in them that build one when resolved."""
+    target = "'{_target_: builtins.open, _args_: [" + str(marker) + ", w]}'"
+    return {
+        "oc.create": resolved("oc.create", target),
+        "oc.decode": resolved("oc.decode", target),
+        "in a list": [1, resolved("oc.create", target)],
+        "a resolver inside a resolver": resolved("oc.create", resolved("oc.decode", target)),
+    }
+
+
+@pytest.mark.parametrize("form", list(hidden_targets(Path("marker"))))
+def test_a_target_built_by_a_resolver_is_refused(
+    train_config: ComposeFn, tmp_path: Path, form: str
+) -> None:
+    marker = tmp_path / "ran"
+    cfg = train_config()
+    with open_dict(cfg):
+        OmegaConf.update(cfg, "callbacks.hidden", hidden_targets(marker)[form], force_add=True)
+    with pytest.raises(ConfigError, match=re.escape("=builtins.open in the config is not")):
+        train(cfg)
+    assert not marker.exists()
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists(), "nothing was trained"
+
+
+def test_eval_refuses_a_checkpoint_whose_config_builds_a_target_when_resolved(
+    train_config: ComposeFn, eval_config: ComposeFn, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    trained = train_config()
+    model = OmegaConf.to_container(trained.model, resolve=True)
+    assert isinstance(model, dict)
+    model["optimizer"]["_args_"] = [hidden_targets(marker)["oc.create"]]
+    data = OmegaConf.to_container(trained.data, resolve=True)
+    checkpoint = tmp_path / "hostile.ckpt"
+    torch.save(dict(run_config={"data": data, "model": model}, state_dict={}), checkpoint)
+    with pytest.raises(ConfigError, match=re.escape("._target_=builtins.open in")):
+        evaluate(eval_config(f"ckpt_path='{checkpoint}'"))
+    assert not marker.exists()
+
+
+def test_a_target_reached_through_hydras_own_config_is_refused(tmp_path: Path) -> None:
+    """The run's config can point into Hydra's (`${hydra:...}`), which it does not contain, and
+    a Hydra callback can be built by a resolver."""
+    made = tmp_path / "made"
+    target = '"{_target_: pathlib.Path.mkdir, self: ' + str(made) + '}"'
+    attacks = {
+        "callbacks.x": [
+            "+hydra.job_logging.stash._target_=pathlib.Path.mkdir",
+            f"+hydra.job_logging.stash.self={made}",
+            "+callbacks.x='${hydra:job_logging.stash}'",
+        ],
+        "hydra.callbacks.x": ["+hydra.callbacks.x='" + resolved("oc.create", target) + "'"],
+    }
+    for key, overrides in attacks.items():
+        result = run_cli("-m", PACKAGE, "trainer=cpu", "debug=fdr", *overrides, cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+        assert f"{key}._target_=pathlib.Path.mkdir in the config is not" in lines[0]
+        assert not made.exists() and not (tmp_path / "logs").exists()
+
+
 def test_a_hydra_callback_is_checked_before_hydra_builds_it(tmp_path: Path) -> None:
     """Hydra builds `hydra.callbacks` before any recipe runs; a file-writing callable there could
     plant code (a .pth file) for the next Python start."""

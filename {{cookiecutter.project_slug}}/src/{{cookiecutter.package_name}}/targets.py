@@ -46,9 +46,48 @@ def named_targets(node: Any, where: str = "") -> Iterable[tuple[str, str]]:
             yield from named_targets(value, f"{where}[{index}]")
 
 
-def check_targets(node: Any, extra_allowed: Iterable[str] = (), source: str = "the config") -> None:
+MAX_INTERPOLATION_DEPTH = 32
+
+
+def interpolated_targets(
+    node: DictConfig | ListConfig, where: str = "", depth: int = 0
+) -> Iterable[tuple[str, str]]:
+    """The `_target_`s that interpolations under `node` produce once resolved: a resolver such as
+    `oc.create` or `oc.decode`, or a reference to a node outside `node` (`${hydra:...}`), can
+    build a `_target_` that no config spells out, and instantiation resolves them all."""
+    if depth > MAX_INTERPOLATION_DEPTH:
+        raise ConfigError(
+            f"{where or 'the config'} nests interpolations more than {MAX_INTERPOLATION_DEPTH} "
+            "deep: untangle the interpolations that refer to each other."
+        )
+    container: Any = node  # keys of either kind, indexed alike
+    if isinstance(node, DictConfig):
+        children = [(key, f"{where}.{key}" if where else str(key)) for key in container]
+    else:
+        children = [(index, f"{where}[{index}]") for index in range(len(node))]
+    for key, path in children:
+        child = container._get_node(key)  # the node itself, not its resolved value
+        if OmegaConf.is_interpolation(container, key):
+            try:
+                value = container[key]
+            except Exception:  # unresolvable here, so it cannot build anything either
+                continue
+            if isinstance(value, (dict, list)):
+                value = OmegaConf.create(value)
+            if isinstance(value, (DictConfig, ListConfig)):
+                yield from named_targets(value, path)
+                yield from interpolated_targets(value, path, depth + 1)
+        elif isinstance(child, (DictConfig, ListConfig)):
+            yield from interpolated_targets(child, path, depth)
+
+
+def check_targets(
+    node: Any, extra_allowed: Iterable[str] = (), source: str = "the config", where: str = ""
+) -> None:
     allowed = shipped_targets() | {str(name) for name in extra_allowed}
-    for key, target in named_targets(node):
+    if not isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.create(node)  # as `instantiate` sees it: interpolations become live
+    for key, target in (*named_targets(node, where), *interpolated_targets(node, where)):
         if target not in allowed:
             raise ConfigError(
                 f"{key}={target} in {source} is not allowed: `_target_` may name only what the "
@@ -68,9 +107,8 @@ def check_hydra_callbacks() -> None:
 
     def checked(self: Callbacks, config: DictConfig | None = None) -> None:
         if config is not None and OmegaConf.select(config, "hydra.callbacks"):
-            callbacks = {"callbacks": OmegaConf.select(config, "hydra.callbacks")}
             allowed = OmegaConf.select(config, "allowed_targets") or ()
-            check_targets(OmegaConf.create({"hydra": callbacks}), allowed)
+            check_targets(config.hydra.callbacks, allowed, where="hydra.callbacks")
         build(self, config)
 
     checked.checks_targets = True  # type: ignore[attr-defined]
