@@ -55,13 +55,18 @@ COMMAND_LINE_CASES = {
     "unparsable override": (["trainer.max_epochs=[1"], ["'trainer.max_epochs=[1'", "Quote"]),
     "unclosed quote": (["run_name='abc"], ["run_name='abc", "Quote"]),
     "interpolation to nothing": (["seed=${nothing}"], ["nothing"]),
+    "override without a key": (["=1"], ["has no key", "key=value"]),
+    "launcher named by _target_": (["--multirun", "hydra.launcher._target_=os.system"], ["Invalid plugin 'os.system'", "hydra/launcher="]),
+    "sweeper named by _target_": (["--multirun", "hydra.sweeper._target_=os.system"], ["Invalid plugin 'os.system'", "hparams_search="]),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(COMMAND_LINE_CASES))
 def test_hydras_errors_are_one_line_and_write_nothing(case: str, tmp_path: Path) -> None:
     args, fragments = COMMAND_LINE_CASES[case]
-    line = one_error_line(run_cli("-m", PACKAGE, *QUICK, *args, cwd=tmp_path))
+    flags = [arg for arg in args if arg.startswith("--")]
+    overrides = [arg for arg in args if arg not in flags]
+    line = one_error_line(run_cli("-m", PACKAGE, *flags, *QUICK, *overrides, cwd=tmp_path))
     for fragment in fragments:
         assert fragment in line
     assert list(tmp_path.iterdir()) == []
@@ -75,6 +80,33 @@ def test_a_config_file_that_is_not_yaml_is_named_in_one_line(tmp_path: Path) -> 
     result = run_cli("-m", PACKAGE, "--config-dir", str(tmp_path / "configs"), *QUICK, cwd=tmp_path)
     line = one_error_line(result)
     assert str(broken) in line and "not valid YAML" in line
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_config_file_that_is_not_utf8_is_named_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "configs" / "local").mkdir(parents=True)
+    latin1 = tmp_path / "configs" / "local" / "default.yaml"
+    latin1.write_bytes("run_name: café\n".encode("latin-1"))
+    result = run_cli("-m", PACKAGE, "--config-dir", str(tmp_path / "configs"), *QUICK, cwd=tmp_path)
+    line = one_error_line(result)
+    assert str(latin1) in line and "not UTF-8" in line
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_log_file_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    log_file = not_writable_folder(tmp_path) / "train.log"
+    handler = f"hydra.job_logging.handlers.file.filename={log_file}"
+    line = one_error_line(run_cli("-m", PACKAGE, *TINY, handler, cwd=tmp_path))
+    assert f"cannot write {log_file}" in line
+
+
+def test_a_trainer_that_cannot_be_built_leaves_no_run_directory(tmp_path: Path) -> None:
+    """With the wandb logger, which has written its run id by then."""
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
+    result = run_cli(
+        "-m", PACKAGE, *QUICK, "logger=wandb", "+trainer.bogus=1", cwd=tmp_path, env=env
+    )
+    assert "bogus" in one_error_line(result)
     assert not (tmp_path / "logs").exists()
 
 

@@ -3,9 +3,11 @@ checkpoint a run resumes from."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
+import shutil
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +51,16 @@ def non_finite_tensors(state_dict: dict[str, Any]) -> list[str]:
     ]
 
 
+FULL_DISK_BYTES = 1 << 20
+
+
+def failed_write(path: Path) -> OSError:
+    """The OSError behind a write that torch reports only as a RuntimeError ("unexpected pos")."""
+    full = shutil.disk_usage(path.parent).free < FULL_DISK_BYTES
+    code = errno.ENOSPC if full else errno.EIO
+    return OSError(code, os.strerror(code), str(path))
+
+
 def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
     """Write to a temporary file beside `path`, fsync it, rename it over `path`, fsync the
     directory: a reader sees the old file or the new one, never a part. An overwritten file
@@ -57,7 +69,10 @@ def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(temporary, "wb") as file:
-            torch.save(checkpoint, file)
+            try:
+                torch.save(checkpoint, file)
+            except RuntimeError as error:  # torch reports a failed write (a full disk) this way
+                raise failed_write(path) from error
             file.flush()
             os.fsync(file.fileno())
         if path.exists():

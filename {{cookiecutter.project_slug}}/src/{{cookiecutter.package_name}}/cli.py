@@ -16,10 +16,6 @@ from .errors import ConfigError, TrainingError
 from .run_names import pasteable, register_run_name_resolver, verbatim
 from .targets import check_hydra_callbacks
 
-register_run_name_resolver()
-command_errors.install()
-check_hydra_callbacks()
-
 
 def share_config_store_when_copied() -> None:
     """Hydra deep-copies its config repository, and with it the ConfigStore singleton, each time it
@@ -49,6 +45,7 @@ HYDRA_START_FILES = (
     "prepare.log",
     "debug.log",
     "run_overrides.json",
+    "wandb_run_id.txt",
     ".lock",
 )
 
@@ -84,6 +81,11 @@ def remove_unused_run_dir() -> None:
         if parent == Path.cwd() or not parent.is_dir() or any(parent.iterdir()):
             break
         parent.rmdir()
+
+
+register_run_name_resolver()
+command_errors.install(clean_up=remove_unused_run_dir)
+check_hydra_callbacks()
 
 
 def _run(task: Any, cfg: DictConfig) -> float | None:

@@ -51,10 +51,36 @@ def not_writable(error: OSError) -> str:
     return f"cannot write{where} ({reason}): {todo}."
 
 
+def file_being_read(error: BaseException) -> str | None:
+    """The config file Hydra was reading when `error` was raised (its file source's `full_path`)."""
+    trace = error.__traceback__
+    while trace is not None:
+        path = trace.tb_frame.f_locals.get("full_path")
+        if isinstance(path, str):
+            return path
+        trace = trace.tb_next
+    return None
+
+
 def one_line(error: BaseException) -> str | None:
     """The one line that reports `error`, or None for an error that is a bug (kept as a trace)."""
     if isinstance(error, ConfigError):
         return str(error)
+    cause = error.__cause__
+    if isinstance(cause, OSError) and cause.filename:
+        return not_writable(cause)  # logging's "Unable to configure handler 'file'"
+    if isinstance(error, UnicodeDecodeError):
+        where = file_being_read(error) or "a config file"
+        return (
+            f"{where} is not UTF-8 text ({error.reason} at byte {error.start}): save it as UTF-8."
+        )
+    if isinstance(error, ValueError) and str(error).startswith("Config group override must be"):
+        return f"an override has no key ({error}): write key=value, e.g. seed=1."
+    if isinstance(error, RuntimeError) and str(error).startswith("Invalid plugin"):
+        return (
+            f"{error}: choose a launcher by its config (hydra/launcher=local_gpus or slurm) and "
+            "a sweeper by hparams_search=..., not by a _target_."
+        )
     if isinstance(error, OverrideParseException):
         problem = lines_of(error.message)[0].rstrip(".") if error.message.strip() else "?"
         return (
@@ -89,7 +115,9 @@ def one_line(error: BaseException) -> str | None:
     return None
 
 
-def report_in_one_line(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def report_in_one_line(
+    original: Callable[[Any], Any], clean_up: Callable[[], None]
+) -> Callable[[Any], Any]:
     def run_and_report(func: Any) -> Any:
         def reported_in_one_line() -> Any:
             try:
@@ -98,6 +126,7 @@ def report_in_one_line(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 line = None if os.environ.get("HYDRA_FULL_ERROR") == "1" else one_line(error)
                 if line is None:
                     raise  # Hydra's own report
+                clean_up()
                 print(f"error: {line}", file=sys.stderr)
                 sys.exit(1)
 
@@ -106,9 +135,10 @@ def report_in_one_line(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return run_and_report
 
 
-def install() -> None:
-    """Hydra reports errors from parsing, composing and starting a job through one function."""
+def install(clean_up: Callable[[], None]) -> None:
+    """Hydra reports errors from parsing, composing and starting a job through one function;
+    `clean_up` removes what the failed start wrote (a run directory Hydra made)."""
     if not getattr(hydra_utils.run_and_report, "one_line", False):
-        replacement = report_in_one_line(hydra_utils.run_and_report)
+        replacement = report_in_one_line(hydra_utils.run_and_report, clean_up)
         replacement.one_line = True  # type: ignore[attr-defined]
         hydra_utils.run_and_report = replacement  # type: ignore[assignment]

@@ -115,6 +115,9 @@ NOISY_WARNINGS = (
     # callbacks.ExactResume resumes the loader mid-epoch, which Lightning cannot see.
     r"You're resuming from a checkpoint that ended before the epoch ended",
     r"torch.distributed.nn.functional.all_gather is deprecated",  # Lightning on torch 2.13
+    # Any run on a machine with SLURM's client installed, a login node included; the SLURM
+    # launcher (hydra/launcher=slurm) starts its jobs as they should be started.
+    r"The `srun` command is available on your system but is not used",
 )
 
 
