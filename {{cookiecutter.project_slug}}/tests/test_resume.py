@@ -3,9 +3,11 @@ not trained again. Kills and signals in every phase: test_kill_*.py and test_sto
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from {{ cookiecutter.package_name }}.checkpoints import (
     atomic_torch_save,
     newest_valid_checkpoint,
 )
+from {{ cookiecutter.package_name }}.command_errors import one_line
 from {{ cookiecutter.package_name }}.run_names import run_name
 from {{ cookiecutter.package_name }}.train import train
 
@@ -64,6 +67,8 @@ def test_a_run_name_stays_one_folder_inside_runs(hostile: str) -> None:
 
 def test_distinct_run_names_give_distinct_folders() -> None:
     names = ["日本語", "中文字", "ü", "ö", "a b", "a_b", "a/b"]
+    names += [run_name(name, "") for name in names if run_name(name, "") != name]  # look-alikes
+    names += ["x" * 300, run_name("x" * 300, "")]
     assert len({run_name(name, "") for name in names}) == len(names)
 
 
@@ -105,12 +110,34 @@ def test_a_finished_run_is_extended_by_a_higher_limit_and_extend_true(tmp_path: 
     (line,) = refused.stderr.strip().splitlines()
     assert LIMITS[1] in line and "extend=true" in line
 
-    for _ in range(2):  # extended, then the same command again: nothing more to train
+    written = []
+    for _ in range(2):  # extended, then the same command again: nothing more to train or test
         extended = run_cli("-m", PACKAGE, *base, LIMITS[1], "extend=true", cwd=tmp_path)
         assert extended.returncode == 0, extended.stderr[-3000:]
         assert torch.load(last, weights_only=True)["global_step"] == STEPS[1]
-        metrics = json.loads((last.parents[1] / "metrics.json").read_text())
-        assert math.isfinite(metrics["test/loss"])
+        metrics_file = last.parents[1] / "metrics.json"
+        metrics = json.loads(metrics_file.read_text())
+        assert math.isfinite(metrics["test/loss"]) and math.isfinite(metrics["val/loss"])
+        written.append((last.stat().st_mtime_ns, metrics_file.stat().st_mtime_ns, metrics))
+    assert written[1] == written[0], "the finished extended run was left as it was"
+    assert "already finished" in extended.stdout + extended.stderr
+
+
+def test_a_run_started_from_a_checkpoint_gets_its_own_directory(tmp_path: Path) -> None:
+    """`ckpt_path=` is part of the run's name: the command that adds it to a finished run's
+    command starts from that checkpoint in a new folder, instead of finding the finished run."""
+    base = [*QUICK, *SHORT_RUN, "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
+    first = run_cli("-m", PACKAGE, *base, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = tmp_path / "logs" / "train" / "runs"
+    (finished,) = runs.iterdir()
+    started = run_cli(
+        "-m", PACKAGE, *base, f"ckpt_path={finished / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path
+    )
+    assert started.returncode == 0, started.stderr[-3000:]
+    console = started.stdout + started.stderr
+    assert "already finished" not in console and "Starting from ckpt_path=" in console
+    assert len(list(runs.iterdir())) == 2
 
 
 def test_step_checkpoints_can_follow_the_clock(train_config: ComposeFn) -> None:
@@ -168,6 +195,29 @@ def test_random_states_survive_a_checkpoint_and_load_lazily(tmp_path: Path) -> N
     set_random_states(_materialize_tensors(_lazy_load(path))["random_states"])
     set_random_states(torch.load(path, weights_only=True)["random_states"])
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_checkpoint_save_on_a_full_disk_names_the_file(tmp_path: Path) -> None:
+    """torch reports a write that ran out of space as a RuntimeError ("unexpected pos"); the save
+    raises the OSError behind it, which the commands report as one line naming the file."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip("needs root to mount a small filesystem")
+    try:
+        path = tiny / "checkpoints" / "last.ckpt"
+        with pytest.raises(OSError) as raised:
+            atomic_torch_save({"weights": torch.zeros(64 * 1024)}, path)
+        assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+        assert one_line(raised.value) == (
+            f"cannot write {path} (No space left on device): free space there, or write "
+            "elsewhere with paths.log_dir=<folder>."
+        )
+        assert list(path.parent.iterdir()) == [], "no partial or temporary file is left"
+    finally:
+        subprocess.run(["umount", str(tiny)], check=True)
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_previous_one(tmp_path: Path) -> None:

@@ -15,13 +15,17 @@ MAX_LENGTH = 100
 SWEEP_NAME_VARIABLE = "{{ cookiecutter.package_name | upper }}_SWEEP_NAME"
 
 
+DIGESTED = re.compile(r"-[0-9a-f]{10}$")
+
+
 def safe_name(name: str) -> str:
     """`name` as one folder name: characters other than ASCII letters, numerals and `._=,+-` become
-    `_`, a leading `.` too (no `..` out of runs/); where that changed it, or it is long, a digest of
-    the original is added, so distinct names stay distinct folders."""
+    `_`, a leading `.` too (no `..` out of runs/); where that changed it, it is long, or it ends
+    as such a name does (`-` and ten hex digits), a digest of the original is added, so distinct
+    names stay distinct folders."""
     safe = UNSAFE.sub("_", name)
     safe = "_" + safe[1:] if safe.startswith(".") else safe
-    if safe == name and len(name) <= MAX_LENGTH:
+    if safe == name and len(name) <= MAX_LENGTH and not DIGESTED.search(name):
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()[:10]
     return f"{safe[: MAX_LENGTH - 11]}-{digest}"

@@ -208,13 +208,14 @@ def check_run_identity(cfg: DictConfig) -> None:
             )
         if recorded == overrides:
             return
+        # New limits: the run is no longer finished (metrics.json goes before they are recorded,
+        # so a kill in between leaves a run that trains on, never one finished at the old limit).
+        (path.parent / "metrics.json").unlink(missing_ok=True)
     write_json(overrides, path)
 
 
 def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
     path = Path(cfg.paths.output_dir) / "metrics.json"
-    if cfg.get("extend") and is_global_zero():
-        path.unlink(missing_ok=True)  # written again once the extended run has finished
     if not cfg.get("resume") or not path.is_file():
         return None
     log.info(
