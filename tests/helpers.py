@@ -169,6 +169,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/test_targets.py",
         "tests/test_runs.py",
         "tests/test_scale_out.py",
+        "tests/test_sweep_failures.py",
         "tests/test_command_line.py",
         "tests/test_install_torch.py",
         "tests/test_slurm.py",

@@ -101,11 +101,15 @@ def test_a_log_file_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_trainer_that_cannot_be_built_leaves_no_run_directory(tmp_path: Path) -> None:
+{%- if cookiecutter.logger == "wandb" %}
     """With the wandb logger, which has written its run id by then."""
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
-    result = run_cli(
-        "-m", PACKAGE, *QUICK, "logger=wandb", "+trainer.bogus=1", cwd=tmp_path, env=env
-    )
+    logger = "logger=wandb"
+{%- else %}
+    env: dict[str, str] = {}
+    logger = "logger={{ cookiecutter.logger }}"
+{%- endif %}
+    result = run_cli("-m", PACKAGE, *QUICK, logger, "+trainer.bogus=1", cwd=tmp_path, env=env)
     assert "bogus" in one_error_line(result)
     assert not (tmp_path / "logs").exists()
 

@@ -45,7 +45,9 @@ HYDRA_START_FILES = (
     "prepare.log",
     "debug.log",
     "run_overrides.json",
+{%- if cookiecutter.logger == "wandb" %}
     "wandb_run_id.txt",
+{%- endif %}
     ".lock",
 )
 

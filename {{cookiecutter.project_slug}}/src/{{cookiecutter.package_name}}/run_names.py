@@ -21,8 +21,8 @@ DIGESTED = re.compile(r"-[0-9a-f]{10}$")
 def safe_name(name: str) -> str:
     """`name` as one folder name: characters other than ASCII letters, numerals and `._=,+-` become
     `_`, a leading `.` too (no `..` out of runs/); where that changed it, it is long, or it ends
-    as such a name does (`-` and ten hex digits), a digest of the original is added, so distinct
-    names stay distinct folders."""
+    as such a name does (`-` and ten hexadecimal characters), a digest of the original is added,
+    so distinct names stay distinct folders."""
     safe = UNSAFE.sub("_", name)
     safe = "_" + safe[1:] if safe.startswith(".") else safe
     if safe == name and len(name) <= MAX_LENGTH and not DIGESTED.search(name):

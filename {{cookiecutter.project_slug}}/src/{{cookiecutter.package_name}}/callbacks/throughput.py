@@ -59,7 +59,7 @@ class Throughput(Callback):
     `tokens_per_sample`; without them only samples/s is logged. `peak_tflops` overrides the table.
 
     `perf/data_share` is the host time between one step's end and the next step's start (the
-    batch being fetched and moved) over the window, as `<package>-bench` reports it. The first
+    batch being fetched and moved) over the window, as the bench command reports it. The first
     window above `data_wait_warning` on a GPU (or another accelerator, not a CPU) gets one
     warning saying what to change.
     """
