@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -14,6 +15,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import ConfigError, TrainingError
+from .run_settings import check_run_settings
 from .sweep_report import draw_summary, short_labels, significant
 
 log = logging.getLogger(__name__)
@@ -22,6 +25,9 @@ SUBPROCESS_DDP_TARGETS = ("DDPStrategy",)
 CLUSTER_LAUNCHERS = ("SlurmLauncher",)
 # An Optuna trial stopped early by the pruner: finished as intended, not failed.
 PRUNED = "PRUNED"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+# Failed jobs named in the error line; the summary lists them all.
+NAMED_FAILURES = 5
 
 
 def launches_ddp_subprocesses(cfg: DictConfig) -> bool:
@@ -49,11 +55,25 @@ def ddp_multirun_problem(cfg: DictConfig, launcher_target: str) -> str | None:
     )
 
 
+def shared_settings_problem(config: DictConfig) -> str | None:
+    """What the run's own checks refuse in the settings that every job of the multirun shares
+    (its config without the swept keys): each job would fail the same way."""
+    if OmegaConf.select(config, "trainer") is None:
+        return None  # a command without a trainer (export, prepare) checks no run settings
+    try:
+        check_run_settings(config)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 class MultirunGuard(Callback):
-    """Refuses, before any job starts, a multirun whose jobs would start DDP subprocesses."""
+    """Refuses, before any job starts, a multirun that every job would fail: shared settings a
+    run cannot use, or jobs that would start DDP subprocesses."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problem = ddp_multirun_problem(config, str(config.hydra.launcher.get("_target_", "")))
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        problem = ddp_multirun_problem(config, launcher) or shared_settings_problem(config)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(1)
@@ -66,31 +86,61 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
+def record_job_status(output_dir: Path, status: str, reason: str | None = None) -> None:
+    """`job_status.json` in a job's folder: what the summary reports for it, and why."""
+    if output_dir.is_dir():
+        record = {"status": status} if reason is None else {"status": status, "reason": reason}
+        (output_dir / "job_status.json").write_text(json.dumps(record) + "\n")
+
+
+def status_stamps(sweep_dir: Path) -> dict[Path, int]:
+    """When each job's status was last recorded: a stamp that changed is this launch's."""
+    stamps = {}
+    for path in sweep_dir.glob("*/job_status.json"):
+        with contextlib.suppress(OSError):
+            stamps[path.parent] = path.stat().st_mtime_ns
+    return stamps
+
+
 class SweepSummary(Callback):
     """After a multirun: summary.csv, summary.md and summary.png in the sweep directory, one row
-    (or bar) per job with its overrides, status, metrics and run directory."""
+    (or bar) per job with its overrides, status, metrics and run directory. Jobs of this launch
+    that failed then end the command with one `error:` line naming them, and exit code 1."""
+
+    def __init__(self) -> None:
+        self.stamps_before: dict[Path, int] = {}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.stamps_before = status_stamps(Path(config.hydra.sweep.dir))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Record the job's status; name a failed job at once, since Hydra stops the sweep with
-        the first failure's error once every job of the batch has run."""
+        """Record the job's status, and name a failed job at once."""
         if config.hydra.mode != RunMode.MULTIRUN:
             return
-        status = {"status": job_return.status.name}
         output_dir = Path(config.hydra.runtime.output_dir)
         error = job_return._return_value
         if job_return.status == JobStatus.FAILED and type(error).__name__ == "TrialPruned":
-            status = {"status": PRUNED, "reason": str(error)}
+            record_job_status(output_dir, PRUNED, str(error))
         elif job_return.status == JobStatus.FAILED:
-            status["error"] = f"{type(error).__name__}: {error}"
+            # The project's own errors say what is wrong; any other needs its type to be read.
+            ours = isinstance(error, (ConfigError, TrainingError))
+            reason = str(error) if ours else f"{type(error).__name__}: {error}"
             log.error(
                 "Job #%s (%s) failed: %s. Its log: %s",
                 config.hydra.job.get("num", "?"),
                 " ".join(job_return.overrides or []),
-                status["error"],
+                reason,
                 output_dir / f"{config.get('task_name', 'train')}.log",
             )
-        if output_dir.is_dir():
-            (output_dir / "job_status.json").write_text(json.dumps(status) + "\n")
+            record_job_status(output_dir, job_return.status.name, reason)
+            if config.hydra.sweeper.get("_target_") == BASIC_SWEEPER:
+                # Hydra's basic sweeper would raise the first failure once its batch has run,
+                # skipping on_multirun_end (no summary picture) and printing lines of its own.
+                # The failure is recorded above and reported in one line by on_multirun_end, so
+                # the job goes back to the sweeper as finished.
+                job_return.status, job_return.return_value = JobStatus.COMPLETED, None
+        else:
+            record_job_status(output_dir, job_return.status.name)
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = collect_jobs(sweep_dir)
         if rows:
@@ -104,10 +154,37 @@ class SweepSummary(Callback):
         metric = config.get("optimized_metric")
         write_summary(sweep_dir, rows, metric)
         draw_summary_picture(sweep_dir, rows, config)
-        failed = [row["job"] for row in rows if row["status"] not in ("COMPLETED", PRUNED)]
         log.info("Sweep summary: %s (%d jobs)", sweep_dir / "summary.md", len(rows))
+        recorded_now = {
+            job_dir for job_dir, stamp in status_stamps(sweep_dir).items()
+            if self.stamps_before.get(job_dir) != stamp
+        }  # fmt: skip
+        launched = [row for row in rows if Path(row["run_dir"]) in recorded_now]
+        failed = [row for row in launched if row["status"] not in ("COMPLETED", PRUNED)]
         if failed:
-            log.error("Failed jobs: %s", ", ".join(map(str, failed)))
+            print(f"error: {failures(failed, len(launched), sweep_dir)}", file=sys.stderr)
+            sys.exit(1)
+
+
+def rounded(overrides: str) -> str:
+    """`model.optimizer.lr=0.0012345 seed=2` -> `model.optimizer.lr=0.00123 seed=2`."""
+    pairs = (override.partition("=") for override in overrides.split())
+    return " ".join(f"{key}={significant(value)}" for key, _, value in pairs) or "no overrides"
+
+
+def failures(failed: list[dict[str, Any]], launched: int, sweep_dir: Path) -> str:
+    """One line: how many of this launch's jobs failed, which, and the first one's error."""
+    named = ", ".join(
+        f"#{row['job']} ({rounded(row['overrides'])})" for row in failed[:NAMED_FAILURES]
+    )
+    more = f" and {len(failed) - NAMED_FAILURES} more" if len(failed) > NAMED_FAILURES else ""
+    first = " ".join(str(failed[0]["reason"] or "no error recorded").split())
+    first = first if len(first) <= 300 else first[:299] + "…"
+    return (
+        f"{len(failed)} of {launched} jobs failed: {named}{more}. Job #{failed[0]['job']}: "
+        f"{first.rstrip('.')}. Summary: {sweep_dir / 'summary.md'}; each job's log is in its "
+        "folder."
+    )
 
 
 def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -119,16 +196,19 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     shared = (
         set.intersection(*(set(overrides) for _, overrides in jobs)) if len(jobs) > 1 else set()
     )
-    rows = [
-        {
-            "job": int(job_dir.name) if job_dir.name.isdigit() else job_dir.name,
-            "overrides": " ".join(o for o in overrides if o not in shared),
-            "status": read_json(job_dir / "job_status.json").get("status", "UNKNOWN"),
-            "run_dir": str(job_dir),
-            "metrics": read_json(job_dir / "metrics.json"),
-        }
-        for job_dir, overrides in jobs
-    ]
+    rows = []
+    for job_dir, overrides in jobs:
+        status = read_json(job_dir / "job_status.json")
+        rows.append(
+            {
+                "job": int(job_dir.name) if job_dir.name.isdigit() else job_dir.name,
+                "overrides": " ".join(o for o in overrides if o not in shared),
+                "status": status.get("status", "UNKNOWN"),
+                "reason": status.get("reason"),
+                "run_dir": str(job_dir),
+                "metrics": read_json(job_dir / "metrics.json"),
+            }
+        )
     return sorted(rows, key=lambda row: str(row["job"]).zfill(6))
 
 

@@ -22,9 +22,22 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from {{ cookiecutter.package_name }}.errors import (
+    ConfigError,
+)
+from {{ cookiecutter.package_name }}.sweeps import (
+    record_job_status,
+)
+
 log = logging.getLogger(__name__)
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+# In the sweep folder: the study whose trials it holds, and the settings that define that study.
+STUDY_RECORD = "optuna_study.json"
+
+# Optuna's messages go to the sweep's log with everything else, not to stderr.
+optuna.logging.disable_default_handler()
+optuna.logging.enable_propagation()
 
 
 def distribution(override: Override) -> optuna.distributions.BaseDistribution:
@@ -42,10 +55,41 @@ def distribution(override: Override) -> optuna.distributions.BaseDistribution:
         return optuna.distributions.FloatDistribution(
             float(value.start or 0.0), float(value.end or 0.0), log=log_scale
         )
-    raise ValueError(
+    raise ConfigError(
         f"{override.input_line}: use choice(...), range(...), interval(...) or "
-        "tag(log, interval(...)) to define a search dimension"
+        "tag(log, interval(...)) to define a search dimension."
     )
+
+
+def representative(dimension: optuna.distributions.BaseDistribution) -> Any:
+    """A value of a search dimension: its first choice, or its lower end."""
+    if isinstance(dimension, optuna.distributions.CategoricalDistribution):
+        return dimension.choices[0]
+    return dimension.low  # type: ignore[attr-defined]
+
+
+def differences(held: dict[str, Any], study: dict[str, Any]) -> list[str]:
+    """What sets `study` apart from the study `held` (both as recorded in STUDY_RECORD), in the
+    settings a user changes."""
+    was, now = held.get("settings", {}), study["settings"]
+    changed = [
+        f"hydra.sweeper.{key}={new}, not {old}"
+        for key, old, new in (
+            ("study_name", str(held.get("study_name")).rsplit("-", 1)[0],
+             study["study_name"].rsplit("-", 1)[0]),
+            ("storage", held.get("storage"), study["storage"]),
+            ("direction", was.get("direction"), now["direction"]),
+        )
+        if old != new
+    ]  # fmt: skip
+    params, held_params = now["params"], was.get("params", {})
+    changed += [
+        f"the search space of {key}"
+        for key in sorted(set(params) | set(held_params))
+        if params.get(key) != held_params.get(key)
+    ]
+    changed += sorted(set(was.get("overrides", [])) ^ set(now["overrides"]))
+    return changed
 
 
 def quote(value: Any) -> str:
@@ -63,6 +107,7 @@ class OptunaSweeperImpl:
         seed: int | None,
         pruner: dict[str, Any] | None,
         params: dict[str, str] | None,
+        max_failures_in_a_row: int,
     ) -> None:
         self.storage = storage
         self.study_name = study_name
@@ -72,12 +117,14 @@ class OptunaSweeperImpl:
         self.seed = seed
         self.pruner = pruner
         self.params = dict(params or {})
+        self.max_failures_in_a_row = max_failures_in_a_row
         self.name = study_name
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
         self.config = config
+        self.hydra_context = hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
@@ -102,10 +149,9 @@ class OptunaSweeperImpl:
                 fixed.append(str(override.input_line))
         return space, fixed
 
-    def _identity(self) -> str:
-        """The study's name: `study_name` and a digest of everything that defines the search (the
-        command's overrides that change what is trained, the search space, the direction), so
-        that only the same command continues a study and another one never joins it."""
+    def _settings(self) -> dict[str, Any]:
+        """Everything that defines the search: the command's overrides that change what is
+        trained, the search space, the direction."""
         hydra = self.config.hydra
         excluded = set(hydra.job.config.override_dirname.exclude_keys)
         overrides = sorted(
@@ -113,9 +159,54 @@ class OptunaSweeperImpl:
             for o in hydra.overrides.task
             if str(o).split("=")[0].lstrip("+~") not in excluded
         )
-        search = {"overrides": overrides, "params": self.params, "direction": self.direction}
-        digest = hashlib.sha1(json.dumps(search, sort_keys=True).encode()).hexdigest()[:10]
+        return {"overrides": overrides, "params": self.params, "direction": self.direction}
+
+    def _identity(self, settings: dict[str, Any]) -> str:
+        """The study's name: `study_name` and a digest of its settings, so that only the same
+        command continues a study and another one never joins it."""
+        digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.study_name}-{digest}"
+
+    def _check_folder(self, sweep_dir: Path, study: dict[str, Any]) -> None:
+        """A sweep folder holds the trials of one study, numbered from 0: another study there
+        would train its trials in the folders of the first one's (same numbers, other
+        parameters), so it is refused."""
+        record = sweep_dir / STUDY_RECORD
+        if record.is_file():
+            held = json.loads(record.read_text())
+            changed = differences(held, study)
+            if not changed:
+                return
+            what = f"the Optuna study {held.get('study_name')} of other settings"
+            what += f" ({'; '.join(changed)})"
+        elif any(sweep_dir.glob("*/.hydra")):
+            what = "the jobs of another sweep"
+        else:
+            return
+        raise ConfigError(
+            f"{sweep_dir} holds {what}: give this search a folder of its own with "
+            "hydra.sweep.dir=<folder>, or delete that folder to start over."
+        )
+
+    def _check_trials_known(self, sweep_dir: Path, study: optuna.Study) -> None:
+        """The study numbers its next trial after those it holds: a folder with trials it does
+        not hold (a study kept in memory, or a storage deleted since) would be trained over."""
+        numbers = [
+            int(job.parent.name) for job in sweep_dir.glob("*/.hydra") if job.parent.name.isdigit()
+        ]
+        if numbers and max(numbers) >= len(study.trials):
+            where = self.storage or "memory (hydra.sweeper.storage=null)"
+            raise ConfigError(
+                f"{sweep_dir} holds trials up to #{max(numbers)}, which the study {self.name} in "
+                f"{where} does not (it holds {len(study.trials)}): delete that folder to start "
+                "over, or give this search a folder of its own with hydra.sweep.dir=<folder>."
+            )
+
+    def _check_trial_config(self, fixed: list[str], space: dict[str, Any]) -> None:
+        """Compose one trial's config before the study starts, so that a search key the config
+        lacks fails now, in one line, not in every trial."""
+        sample = [f"{key}={quote(representative(dimension))}" for key, dimension in space.items()]
+        self.hydra_context.config_loader.load_sweep_config(self.config, fixed + sample)
 
     def _study(self) -> optuna.Study:
         if self.storage and self.storage.startswith("sqlite:///"):
@@ -144,11 +235,27 @@ class OptunaSweeperImpl:
         return study
 
     def sweep(self, arguments: list[str]) -> None:
-        self.name = self._identity()
+        for key in ("n_jobs", "max_failures_in_a_row"):
+            if getattr(self, key) < 1:
+                raise ConfigError(
+                    f"hydra.sweeper.{key}={getattr(self, key)}: use a whole number of 1 or more."
+                )
+        settings = self._settings()
+        self.name = self._identity(settings)
+        study_record = {"study_name": self.name, "storage": self.storage, "settings": settings}
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        self._check_folder(sweep_dir, study_record)
         space, fixed = self._search_space(arguments)
         if not space:
-            raise ValueError("nothing to search: set hydra.sweeper.params or pass sweep overrides")
+            raise ConfigError(
+                "nothing to search: set hydra.sweeper.params, or pass a sweep override such as "
+                "model.optimizer.lr=interval(0.0001,0.01)."
+            )
+        self._check_trial_config(fixed, space)
         study = self._study()
+        self._check_trials_known(sweep_dir, study)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / STUDY_RECORD).write_text(json.dumps(study_record, indent=2) + "\n")
         done = len(study.get_trials(deepcopy=False, states=FINISHED))
         if done:
             log.info(
@@ -157,14 +264,25 @@ class OptunaSweeperImpl:
                 done,
                 self.n_trials,
             )
+        failed_in_a_row = 0
         while done < self.n_trials:
             trials = [study.ask(space) for _ in range(min(self.n_jobs, self.n_trials - done))]
             batch = [fixed + self._trial_overrides(trial) for trial in trials]
             # Job directories by trial number: a continued study never reuses a finished trial's.
             returns = self.launcher.launch(batch, initial_job_idx=trials[0].number)
             for trial, job in zip(trials, returns, strict=True):
-                self._tell(study, trial, job)
+                failed = self._tell(study, trial, job) == optuna.trial.TrialState.FAIL
+                failed_in_a_row = failed_in_a_row + 1 if failed else 0
             done = len(study.get_trials(deepcopy=False, states=FINISHED))
+            if failed_in_a_row >= self.max_failures_in_a_row:
+                log.error(
+                    "Stopped the study: its last %d trials in a row failed (%d of %d trials "
+                    "finished). Fix what failed, then run the same command to go on.",
+                    failed_in_a_row,
+                    done,
+                    self.n_trials,
+                )
+                break
         self._report(study)
 
     def _trial_overrides(self, trial: optuna.Trial) -> list[str]:
@@ -179,23 +297,32 @@ class OptunaSweeperImpl:
             overrides += [f"++optuna_trial.pruner.{k}={v}" for k, v in (self.pruner or {}).items()]
         return overrides
 
-    def _tell(self, study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> None:
+    def _tell(
+        self, study: optuna.Study, trial: optuna.Trial, job: JobReturn
+    ) -> optuna.trial.TrialState:
+        """Tell the study how the trial's job ended; returns the trial's state."""
+        state = optuna.trial.TrialState.FAIL
         if job.status == JobStatus.COMPLETED:
             value = job.return_value
             if isinstance(value, (int, float)) and math.isfinite(value):
                 study.tell(trial, float(value))
                 log.info("Trial %d: %s", trial.number, value)
-                return
-            log.error(
-                "Trial %d returned %r, not a finite number: marked failed.", trial.number, value
+                return optuna.trial.TrialState.COMPLETE
+            reason = (
+                f"the trial returned {value!r}, not a finite number: optimized_metric="
+                f"{self.config.get('optimized_metric')} must name a metric the run reports"
             )
+            log.error("Trial %d failed: %s.", trial.number, reason)
+            if job.hydra_cfg is not None:  # the job ended well: its summary row would say so
+                output_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
+                record_job_status(output_dir, JobStatus.FAILED.name, reason)
         elif type(job._return_value).__name__ == "TrialPruned":
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            state = optuna.trial.TrialState.PRUNED
             log.info("Trial %d pruned: %s", trial.number, job._return_value)
-            return
         else:
             log.error("Trial %d failed: %r", trial.number, job._return_value)
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        study.tell(trial, state=state)
+        return state
 
     def _report(self, study: optuna.Study) -> None:
         completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -242,7 +369,9 @@ def draw_study(study: optuna.Study, folder: Path) -> None:
     for name, plot in drawings:
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                # Optuna's notes on its plots (experimental, too few trials to rank parameters)
+                # leave nothing to act on.
+                warnings.simplefilter("ignore")
                 plot(study)
             figure = plt.gcf()
             figure.set_size_inches(8, 5)

@@ -22,6 +22,9 @@ class OptunaSweeperConf:
     pruner: dict[str, Any] | None = field(
         default_factory=lambda: {"n_startup_trials": 2, "n_warmup_steps": 0}
     )
+    # Stop the study once this many trials in a row have failed (the command then exits 1):
+    # settings that fail every trial would otherwise fail them for ever.
+    max_failures_in_a_row: int = 3
     # Search space: key -> choice(a, b), range(lo, hi[, step]), interval(lo, hi) or
     # tag(log, interval(lo, hi)), in Hydra's sweep syntax.
     params: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,153 @@
+"""Multiruns and Optuna searches whose jobs fail: settings every job shares are refused before the
+first job, a search stops after a few failed trials in a row, another search never takes a
+study's folder, and a failed job leaves the sweep's summary and one `error:` line (exit code 1).
+Each runs the real command line in a subprocess."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from .helpers import PACKAGE, run_cli
+from .test_scale_out import PINNED, QUICK, SEARCH, SHORT_RUN, assert_picture, summary_rows
+
+FAST = [*QUICK, "trainer.max_epochs=1"]
+
+
+def error_line(stderr: str) -> str:
+    """The one line a failed command writes to stderr."""
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    return line
+
+
+def search(tmp_path: Path, *overrides: str) -> list[str]:
+    """An Optuna search command with its study in tmp_path/search.db and its folder tmp_path/sweep."""
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    return [
+        "-m", PACKAGE, "--multirun", SEARCH, *FAST, f"hydra.sweeper.storage={storage}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides,
+    ]  # fmt: skip
+
+
+def study_states(tmp_path: Path) -> dict[str, list[str]]:
+    """Each study in tmp_path/search.db, by name, with the states of its trials."""
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'search.db'}"
+    return {
+        name: [t.state.name for t in optuna.load_study(study_name=name, storage=storage).trials]
+        for name in optuna.get_all_study_names(storage)
+    }
+
+
+@pytest.mark.parametrize("sweeper", ["basic", "optuna"])
+def test_settings_that_every_job_shares_are_refused_before_any_job(
+    tmp_path: Path, sweeper: str
+) -> None:
+    sweep = search(tmp_path) if sweeper == "optuna" else ["-m", PACKAGE, "--multirun", *FAST]
+    result = run_cli(*sweep, "seed=abc", "model.optimizer.lr=0.001,0.002", cwd=tmp_path)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith("error: seed='abc': use a whole number")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no sweep folder, no study"
+
+
+def test_a_search_whose_trials_all_fail_stops_after_three_in_a_row(tmp_path: Path) -> None:
+    result = run_cli(
+        *search(tmp_path, "data.batch_size=0", "hydra.sweeper.n_trials=5"), cwd=tmp_path
+    )
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "3 of 3 jobs failed" in line and "data.batch_size=0" in line, line
+    assert "3 trials in a row failed" in result.stdout
+    assert list(study_states(tmp_path).values()) == [["FAIL"] * 3]
+    assert [row["status"] for row in summary_rows(tmp_path / "sweep")] == ["FAILED"] * 3
+    assert_picture(tmp_path / "sweep" / "summary.png")
+
+
+def test_another_search_is_refused_the_folder_of_a_study(tmp_path: Path) -> None:
+    """Other study settings (here the direction) make another study, which would number its
+    trials from 0 again in the folder of the first."""
+    first = run_cli(
+        *search(tmp_path, *PINNED, *SHORT_RUN, "hydra.sweeper.n_trials=1"), cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    sweep_dir = tmp_path / "sweep"
+    folder = sorted(str(p) for p in sweep_dir.rglob("*"))
+    recorded = (sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text()
+    studies = study_states(tmp_path)
+
+    refused = []
+    for direction in ("maximize", "minimize"):
+        other = run_cli(
+            *search(tmp_path, *PINNED, *SHORT_RUN, "hydra.sweeper.n_trials=1"),
+            f"hydra.sweeper.direction={direction}", cwd=tmp_path,
+        )  # fmt: skip
+        if other.returncode == 0:  # the first study's own direction: it is complete already
+            continue
+        assert other.returncode == 1
+        refused.append(error_line(other.stderr))
+    (line,) = refused
+    assert "hydra.sweeper.direction" in line and "hydra.sweep.dir=" in line, line
+    assert sorted(str(p) for p in sweep_dir.rglob("*")) == folder
+    assert (sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text() == recorded
+    assert study_states(tmp_path) == studies, "no second study in the storage"
+
+
+def test_a_failed_job_leaves_the_summary_and_one_error_line(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "-m", PACKAGE, "--multirun", *FAST, "data.batch_size=0,32",
+        f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "1 of 2 jobs failed" in line and "#0 (data.batch_size=0)" in line, line
+    assert [row["status"] for row in summary_rows(sweep_dir)] == ["FAILED", "COMPLETED"]
+    assert_picture(sweep_dir / "summary.png")
+
+
+def test_a_failed_trial_fails_the_search_after_its_summary(tmp_path: Path) -> None:
+    """Trials sampled from batch sizes 0 (which fails) and 16: with the sampler's seed 0 the
+    second of three is 0."""
+    pinned = [o for o in PINNED if not o.startswith("data.batch_size=")]
+    result = run_cli(
+        *search(tmp_path, *pinned, *SHORT_RUN, "model.optimizer.lr=0.003", "hydra.sweeper.seed=0",
+                "hydra.sweeper.n_trials=2", "data.batch_size=choice(0,16)"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    ((name, states),) = study_states(tmp_path).items()
+    assert states.count("COMPLETE") == 2 and states.count("FAIL") == 1, states
+    line = error_line(result.stderr)
+    assert f"1 of {len(states)} jobs failed" in line and "data.batch_size=0" in line, line
+    sweep_dir = tmp_path / "sweep"
+    rows = summary_rows(sweep_dir)
+    assert [row["status"] for row in rows] == [
+        "COMPLETED" if state == "COMPLETE" else "FAILED" for state in states
+    ]
+    assert OmegaConf.load(sweep_dir / "optimization_results.yaml").study_name == name
+    assert_picture(sweep_dir / "summary.png")
+
+
+def test_a_search_is_refused_the_folder_of_another_sweep(tmp_path: Path) -> None:
+    (tmp_path / "sweep" / "0" / ".hydra").mkdir(parents=True)
+    result = run_cli(*search(tmp_path, "model.optimizer.lr=0.001,0.002"), cwd=tmp_path)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "holds the jobs of another sweep" in line and "hydra.sweep.dir=" in line, line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".hydra", "0", "sweep"]
+
+
+def test_a_study_kept_in_memory_is_refused_the_folder_of_its_last_launch(tmp_path: Path) -> None:
+    """A new study numbers its trials from 0 again: it would train over the last launch's."""
+    command = search(tmp_path, "data.batch_size=0", "hydra.sweeper.storage=null")
+    assert run_cli(*command, cwd=tmp_path).returncode == 1  # three trials, failed
+    folder = sorted(str(p) for p in tmp_path.rglob("*"))
+    again = run_cli(*command, cwd=tmp_path)
+    assert again.returncode == 1
+    line = error_line(again.stderr)
+    assert "holds trials up to #2" in line and "hydra.sweep.dir=" in line, line
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == folder
