@@ -1,11 +1,13 @@
 """The prepare command and the token-shard data module: a tokenizer that gives text back exactly,
 shards that hold exactly the corpus's tokens, windows split across ranks, exact resume after a
-kill, and one line for each bad input."""
+kill, one line for each bad input (before the corpus is read), and nothing but the corpus read."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +20,16 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from {{ cookiecutter.package_name }} import (
+    prepare as prepare_module,
+)
+from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.data.base import (
     ResumableSampler,
 )
 from {{ cookiecutter.package_name }}.data.token_shards import (
     MANIFEST,
+    SPLITS,
     TokenShardDataModule,
     read_manifest,
 )
@@ -62,6 +69,12 @@ def write_corpus(folder: Path, files: int = 30) -> Path:
     return folder
 
 
+# The `prepared` fixture's settings besides its source.
+PREPARED = ["vocab_size=300", "shard_tokens=2000", "val_fraction=0.1", "test_fraction=0.1"]
+# Cheap to prepare: byte tokens, one worker.
+QUICK = ["tokenizer=bytes", "workers=1", "val_fraction=0.1", "test_fraction=0.1"]
+
+
 def prepare_config(tmp_path: Path, *overrides: str) -> DictConfig:
     return compose_config(
         "prepare", [f"output={tmp_path / 'tokens'}", "workers=2", *overrides], tmp_path
@@ -77,11 +90,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prepared(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A BPE of 300 tokens, in shards of 2,000 tokens (several per split)."""
     folder = tmp_path_factory.mktemp("prepared")
-    cfg = prepare_config(
-        folder, f"source={corpus}", "vocab_size=300", "shard_tokens=2000", "val_fraction=0.1",
-        "test_fraction=0.1",
-    )  # fmt: skip
-    prepare(cfg)
+    prepare(prepare_config(folder, f"source={corpus}", *PREPARED))
     return folder / "tokens"
 
 
@@ -142,18 +151,21 @@ def test_bits_per_byte_uses_the_split_s_bytes_per_token(prepared: Path) -> None:
 
 
 def test_a_prepared_folder_is_reused_only_with_the_same_settings(
-    corpus: Path, prepared: Path
+    corpus: Path, prepared: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    again = prepare_config(
-        prepared.parent, f"source={corpus}", "vocab_size=300", "shard_tokens=2000",
-        "val_fraction=0.1", "test_fraction=0.1",
-    )  # fmt: skip
+    """However the source is written; the shard size is one of the settings."""
     stamp = (prepared / MANIFEST).stat().st_mtime_ns
-    prepare(again)
+    monkeypatch.chdir(corpus.parent)
+    name = corpus.name
+    for source in (corpus, name, f"./{name}", f"{name}/", f"{name}/../{name}"):
+        again = prepare_config(prepared.parent, f"source={source}", *PREPARED)
+        assert prepare(again)["splits"] == read_manifest(prepared)["splits"]
     assert (prepared / MANIFEST).stat().st_mtime_ns == stamp, "nothing was written again"
-    other = prepare_config(prepared.parent, f"source={corpus}", "vocab_size=400")
-    with pytest.raises(ConfigError, match=r"other settings .*vocab_size"):
-        prepare(other)
+    for setting in ("vocab_size=400", "shard_tokens=4000"):
+        other = prepare_config(prepared.parent, f"source={corpus}", *PREPARED, setting)
+        key = setting.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"other settings \({key} differ\)"):
+            prepare(other)
 
 
 BAD_PREPARE = {
@@ -183,15 +195,112 @@ def test_bad_prepare_input_gets_one_line_and_writes_nothing(tmp_path: Path, case
     assert not (tmp_path / "tokens").exists() and not list(tmp_path.glob(".tokens*"))
 
 
-def copy_of(prepared: Path, tmp_path: Path) -> Path:
-    import shutil
+BAD_PREPARE_SETTINGS = {
+    "source not set": (["source="], ["source is not set"]),
+    "source null": (["source=null"], ["source is not set"]),
+    "output not set": (["output="], ["output is not set"]),
+    "workers negative": (["workers=-1"], ["workers=-1", "1 or more, or null"]),
+    "workers zero": (["workers=0"], ["workers=0", "1 or more"]),
+    "workers a word": (["workers=abc"], ["workers='abc'", "whole number"]),
+    "val_fraction a word": (["val_fraction=abc"], ["val_fraction='abc'", "above 0 and below 1"]),
+    "val_fraction above 1": (["val_fraction=1.5"], ["val_fraction=1.5", "above 0 and below 1"]),
+    "val_fraction zero": (["val_fraction=0"], ["val_fraction=0", "above 0"]),
+    "test_fraction negative": (["test_fraction=-0.1"], ["test_fraction=-0.1", "above 0"]),
+    "test_fraction not a number": (["test_fraction=nan"], ["test_fraction=nan"]),
+    "fractions leaving no training text": (
+        ["val_fraction=0.6", "test_fraction=0.5"],
+        ["val_fraction=0.6", "test_fraction=0.5", "below 1"],
+    ),
+    "max_bytes a word": (["max_bytes=abc"], ["max_bytes='abc'", "1 or more, or null"]),
+    "max_bytes zero": (["max_bytes=0"], ["max_bytes=0"]),
+    "vocab_size a word": (["vocab_size=abc"], ["vocab_size='abc'", "from 257 to"]),
+    "vocab_size too small": (["vocab_size=10"], ["vocab_size=10", "from 257 to"]),
+    "vocab_size a fraction": (["vocab_size=300.5"], ["vocab_size=300.5"]),
+    "shard_tokens a word": (["shard_tokens=abc"], ["shard_tokens='abc'", "1 or more"]),
+    "shard_tokens zero": (["shard_tokens=0"], ["shard_tokens=0", "1 or more"]),
+    "shard_tokens null": (["shard_tokens=null"], ["shard_tokens=None", "1 or more"]),
+    "tokenizer file missing": (["tokenizer={tmp}/missing.json"], ["use bpe, bytes, or the path"]),
+    "source a file with no text": (["source={tmp}/blank.txt"], ["holds no text"]),
+    "source only hidden files": (["source={tmp}/hidden"], ["no files in it"]),
+}  # fmt: skip
 
+
+def one_line_error(cfg: DictConfig, capsys: pytest.CaptureFixture[str]) -> str:
+    """Run as the command line does: exit code 1 and one `error:` line on stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(prepare, cfg)
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("case", list(BAD_PREPARE_SETTINGS))
+def test_bad_prepare_settings_get_one_line_before_the_corpus_is_read(
+    case: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    (tmp_path / "blank.txt").write_text("\n \n")
+    (tmp_path / "hidden" / ".git").mkdir(parents=True)
+    (tmp_path / "hidden" / ".notes.txt").write_text("hidden text\n")
+    (tmp_path / "hidden" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    before = files_in(tmp_path)
+    overrides, fragments = BAD_PREPARE_SETTINGS[case]
+    filled = [override.format(tmp=tmp_path) for override in overrides]
+    cfg = prepare_config(tmp_path, f"source={corpus}", *filled)
+    monkeypatch.chdir(tmp_path)  # where an unset source or output would point
+    if not case.startswith("source "):
+        monkeypatch.setattr(prepare_module, "source_files", lambda *_: pytest.fail("read"))
+    line = one_line_error(cfg, capsys)
+    for fragment in fragments:
+        assert fragment in line, line
+    assert files_in(tmp_path) == before, "nothing is written"
+
+
+@pytest.mark.parametrize("pattern", ["{corpus}", "{corpus}/**/*"])
+def test_an_output_inside_the_corpus_is_not_read_as_corpus(
+    pattern: str, corpus: Path, prepared: Path, tmp_path: Path
+) -> None:
+    """A killed run's staging folder, an earlier output, and hidden files are not corpus."""
+    inside = Path(shutil.copytree(corpus, tmp_path / "corpus"))
+    shutil.copytree(prepared, inside / "earlier-tokens")
+    staging = inside / ".tokens.tmp-prepare"
+    staging.mkdir()
+    (staging / "tokenizer.json").write_text('{"left": "by a killed run"}\n' * 100)
+    (inside / ".notes.txt").write_text("hidden\n" * 100)
+    text_bytes = sum(path.stat().st_size for path in corpus.iterdir())
+    source = f"source={pattern.format(corpus=inside)}"
+    for output in ("tokens", "more-tokens"):  # the first output lies in the corpus too
+        manifest = prepare(prepare_config(inside, source, *QUICK, f"output={inside / output}"))
+        assert sum(manifest["splits"][split]["bytes"] for split in SPLITS) == text_bytes
+
+
+def test_a_prepare_failing_while_writing_leaves_no_staging_folder(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    def disk_full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.bin"))
+
+    monkeypatch.setattr(prepare_module, "tokenize_split", disk_full)
+    cfg = prepare_config(tmp_path, f"source={corpus}", *QUICK)
+    assert "No space left" in one_line_error(cfg, capsys)
+    assert files_in(tmp_path) == []
+
+
+def copy_of(prepared: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(prepared, tmp_path / "copy"))
 
 
 def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"has no manifest\.json.*prepare"):
+    with pytest.raises(ConfigError, match=r"has no manifest\.json.*prepare") as refused:
         TokenShardDataModule(str(tmp_path), vocab_size=300)
+    assert "<" not in str(refused.value), "no placeholder for the command's name"
     with pytest.raises(
         ConfigError, match=r"data\.vocab_size=200 is smaller than the tokenizer's 300"
     ):

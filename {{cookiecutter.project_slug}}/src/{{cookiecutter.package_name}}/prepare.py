@@ -1,13 +1,14 @@
 """The prepare recipe: a text corpus -> a tokenizer -> memory-mapped token shards.
 
-The corpus (`source`: stdlib, a file, a folder or a glob) is read as documents (files), each cut
-at line ends into pieces of at most 65,536 characters; piece k goes to the validation or test
-split when (k x golden ratio) mod 1 falls in their share, so every split samples the whole
-corpus. A BPE tokenizer is trained on the training split only. Worker processes tokenize the
-pieces in order, each piece followed by `<|endoftext|>`, into shards of at most `shard_tokens`
-tokens. Everything is written to a hidden folder beside `output` and renamed once complete, with
-`manifest.json` (settings, counts, SHA-256 of each shard): a killed run leaves no folder that
-looks prepared, and the same command then starts over.
+The corpus (`source`: stdlib, a file, a folder or a glob; never hidden files, folders of token
+shards or the output) is read as documents (files), each cut at line ends into pieces of at most
+65,536 characters; piece k goes to the validation or test split when (k x golden ratio) mod 1
+falls in their share, so every split samples the whole corpus. A BPE tokenizer is trained on the
+training split only. Worker processes tokenize the pieces in order, each piece followed by
+`<|endoftext|>`, into shards of at most `shard_tokens` tokens. Everything is written to a hidden
+folder beside `output` and renamed once complete, with `manifest.json` (settings, counts, SHA-256
+of each shard): a killed run leaves no folder that looks prepared, and the same command then
+starts over.
 """
 
 from __future__ import annotations
@@ -34,26 +35,133 @@ from .data.token_shards import (
     MANIFEST,
     SPLITS,
     TOKENIZER,
+    parse_manifest,
     read_manifest,
     token_dtype,
     unigram_bits,
 )
 from .data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
 from .errors import ConfigError
+from .run_settings import check_whole, number, refuse, whole
 
 log = logging.getLogger(__name__)
 
 PIECE_CHARACTERS = 64 * 1024
-SETTINGS = ("source", "tokenizer", "vocab_size", "max_bytes", "val_fraction", "test_fraction")
+SETTINGS = (
+    "source", "tokenizer", "vocab_size", "max_bytes", "val_fraction", "test_fraction",
+    "shard_tokens",
+)  # fmt: skip
+NAMED_CORPORA = ("stdlib", "project_configs")  # the sources corpus_files knows by name
+VOCAB_RANGE = (257, 2**32)
 
 
-def source_files(source: str) -> list[Path]:
-    if any(character in source for character in "*?["):
+def is_glob(source: str) -> bool:
+    return any(character in source for character in "*?[")
+
+
+def checked_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The settings that make an output the same, each checked and with paths made absolute, so
+    that `./corpus` and `corpus` are one source."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    settings = {key: resolved[key] for key in SETTINGS}
+    source = settings["source"]
+    if source is None or not str(source).strip():
+        raise ConfigError(
+            "source is not set: use source=stdlib, a text file, a folder of text files or a glob."
+        )
+    if str(source) not in NAMED_CORPORA:
+        settings["source"] = str(Path(str(source)).expanduser().resolve())
+    if str(settings["tokenizer"]) not in ("bpe", BYTES):
+        tokenizer = Path(str(settings["tokenizer"])).expanduser()
+        if not tokenizer.is_file():
+            raise ConfigError(
+                f"tokenizer={settings['tokenizer']}: use bpe, bytes, or the path of a "
+                "tokenizer.json that this command wrote."
+            )
+        settings["tokenizer"] = str(tokenizer.resolve())
+    vocab_size = settings["vocab_size"]
+    if not whole(vocab_size) or not VOCAB_RANGE[0] <= vocab_size <= VOCAB_RANGE[1]:
+        raise refuse("vocab_size", vocab_size, "use a whole number from 257 to 4294967296")
+    check_whole("max_bytes", settings["max_bytes"], 1)
+    check_whole("shard_tokens", settings["shard_tokens"], 1, allowed=())
+    for key in ("val_fraction", "test_fraction"):
+        share = settings[key]
+        if not number(share) or not 0 < share < 1:
+            rule = f"use a number above 0 and below 1 (the {key[:-9]} split's share of the text)"
+            raise refuse(key, share, rule)
+    if settings["val_fraction"] + settings["test_fraction"] >= 1:
+        raise ConfigError(
+            f"val_fraction={settings['val_fraction']} and test_fraction="
+            f"{settings['test_fraction']} leave nothing to train on: keep their sum below 1."
+        )
+    return settings
+
+
+def checked_output(cfg: DictConfig) -> Path:
+    if cfg.output is None or not str(cfg.output).strip():
+        raise ConfigError("output is not set: use output=<the folder to write>.")
+    return Path(str(cfg.output)).expanduser().resolve()
+
+
+def staging_of(output: Path) -> Path:
+    return output.with_name(f".{output.name}.tmp-prepare")
+
+
+def is_prepared(folder: Path) -> bool:
+    """Whether `folder` holds token shards that this command wrote."""
+    try:
+        parse_manifest((folder / MANIFEST).read_text(), str(folder / MANIFEST))
+    except (OSError, UnicodeDecodeError, ConfigError):
+        return False
+    return True
+
+
+def folder_files(folder: Path, source: str, skipped: set[Path]) -> list[Path]:
+    """Every file under `folder`, sorted, except hidden ones (a killed run's staging folder among
+    them), those under `skipped` and folders of token shards. A subfolder that cannot be listed
+    is an error, not silently skipped."""
+
+    def refuse_unlisted(error: OSError) -> None:
+        raise unreadable(error.filename or folder, error, source, "source")
+
+    files: list[Path] = []
+    for root, folders, names in os.walk(folder, onerror=refuse_unlisted):
+        here = Path(root)
+        folders[:] = [
+            name
+            for name in folders
+            if not name.startswith(".")
+            and (here / name).resolve() not in skipped
+            and not is_prepared(here / name)
+        ]
+        files += [here / n for n in names if not n.startswith(".") and (here / n).is_file()]
+    if not files:
+        raise ConfigError(
+            f"source={source} is a folder with no files in it (hidden files and folders of "
+            "token shards are not read)."
+        )
+    return sorted(files)
+
+
+def source_files(source: str, output: Path | None = None) -> list[Path]:
+    """The corpus's files; never those of `output`, its staging folder or other token shards."""
+    skipped = {output, staging_of(output)} if output else set()
+    if is_glob(source):
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True))
-        files = [path for path in found if path.is_file()]
+        prepared = {folder for folder in {path.parent for path in found} if is_prepared(folder)}
+        files = [
+            path
+            for path in found
+            if path.is_file()
+            and path.parent not in prepared
+            and not skipped & set(path.resolve().parents)
+        ]
         if not files:
             raise ConfigError(f"source={source} matches no files.")
         return files
+    if source not in NAMED_CORPORA and Path(source).is_dir():
+        return folder_files(Path(source), source, skipped)
     return corpus_files(source, "source")
 
 
@@ -68,11 +176,12 @@ def cut(text: str) -> Iterator[str]:
 
 
 def split_pieces(
-    source: str, max_bytes: int | None, val_fraction: float, test_fraction: float
-) -> dict[str, list[str]]:
+    source: str, max_bytes: int | None, val_fraction: float, test_fraction: float,
+    output: Path | None = None,
+) -> dict[str, list[str]]:  # fmt: skip
     pieces: dict[str, list[str]] = {split: [] for split in SPLITS}
     total, index = 0, 0
-    for path in source_files(source):
+    for path in source_files(source, output):
         try:
             text = path.read_bytes().decode("utf-8", errors="replace")
         except OSError as error:
@@ -100,23 +209,15 @@ def split_pieces(
     return pieces
 
 
-def build_tokenizer(cfg: DictConfig, train_pieces: list[str]) -> TextTokenizer:
-    choice = str(cfg.tokenizer)
+def build_tokenizer(settings: dict[str, Any], train_pieces: list[str]) -> TextTokenizer:
+    choice, vocab_size = settings["tokenizer"], settings["vocab_size"]
     if choice == BYTES:
         return ByteTokenizer()
     if choice == "bpe":
-        if not 257 <= int(cfg.vocab_size) <= 2**32:
-            raise ConfigError(f"vocab_size={cfg.vocab_size}: use 257 or more for a BPE tokenizer.")
-        log.info("Training a BPE tokenizer of %d tokens on the training split", cfg.vocab_size)
-        return BPETokenizer.train(train_pieces, int(cfg.vocab_size))
-    path = Path(choice).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            f"tokenizer={choice}: use bpe, bytes, or the path of a tokenizer.json that this "
-            "command wrote."
-        )
+        log.info("Training a BPE tokenizer of %d tokens on the training split", vocab_size)
+        return BPETokenizer.train(train_pieces, vocab_size)
     try:
-        return load_tokenizer(path)
+        return load_tokenizer(Path(choice))
     except Exception as error:
         raise ConfigError(
             f"tokenizer={choice} is not a readable tokenizer.json ({error})."
@@ -183,12 +284,12 @@ def batches(pieces: list[str], size: int = 32) -> Iterator[list[str]]:
 
 
 def tokenize_split(
-    pieces: list[str], split: str, folder: Path, manifest: dict[str, Any], cfg: DictConfig,
+    pieces: list[str], split: str, folder: Path, manifest: dict[str, Any], shard_tokens: int,
     pool: ProcessPoolExecutor,
 ) -> np.ndarray[Any, Any]:  # fmt: skip
     """Writes the split's shards; returns its token counts by id."""
     vocab = manifest["vocab_size"]
-    writer = ShardWriter(folder, split, np.dtype(manifest["dtype"]), int(cfg.shard_tokens))
+    writer = ShardWriter(folder, split, np.dtype(manifest["dtype"]), shard_tokens)
     counts = np.zeros(vocab, dtype=np.int64)
     progress = tqdm(total=len(pieces), desc=f"Tokenizing {split}", unit="piece", leave=False)
     for batch, tokens in zip(
@@ -209,10 +310,9 @@ def tokenize_split(
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
-    output = Path(str(cfg.output)).expanduser()
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    settings = {key: resolved[key] for key in SETTINGS}
+    settings = checked_settings(cfg)
+    output = checked_output(cfg)
+    check_whole("workers", cfg.workers, 1)
     if (output / MANIFEST).is_file():
         existing = read_manifest(output, "output")
         if existing.get("settings") != settings:
@@ -228,37 +328,19 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(
             f"output={output} exists and is not a folder of token shards: pick another output=..."
         )
-    if int(cfg.shard_tokens) < 1:
-        raise ConfigError(f"shard_tokens={cfg.shard_tokens}: use 1 or more.")
     pieces = split_pieces(
-        str(cfg.source), cfg.max_bytes, float(cfg.val_fraction), float(cfg.test_fraction)
-    )
-    tokenizer = build_tokenizer(cfg, pieces["train"])
-    staging = output.with_name(f".{output.name}.tmp-prepare")
+        settings["source"], settings["max_bytes"], settings["val_fraction"],
+        settings["test_fraction"], output,
+    )  # fmt: skip
+    tokenizer = build_tokenizer(settings, pieces["train"])
+    staging = staging_of(output)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    tokenizer.save(staging / TOKENIZER)
-    manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "settings": settings,
-        "tokenizer": TOKENIZER,
-        "vocab_size": tokenizer.vocab_size,
-        "end_of_text": tokenizer.end_of_text,
-        "dtype": token_dtype(tokenizer.vocab_size).str,
-        "splits": {},
-    }
-    train_counts = None
-    workers = int(cfg.workers or os.cpu_count() or 1)
-    with ProcessPoolExecutor(
-        workers, mp_context=get_context("spawn"), initializer=start_worker,
-        initargs=(str(staging / TOKENIZER),),
-    ) as pool:  # fmt: skip
-        for split in SPLITS:
-            counts = tokenize_split(pieces[split], split, staging, manifest, cfg, pool)
-            train_counts = counts if split == "train" else train_counts
-    assert train_counts is not None
-    manifest["unigram_bits_per_token"] = unigram_bits(train_counts.astype(np.float64))
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    try:
+        manifest = write_shards(tokenizer, pieces, settings, staging, cfg.workers)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists():
         output.rmdir()  # empty, checked above
@@ -271,4 +353,35 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
             counts["bytes"] / max(1, counts["tokens"]), len(counts["shards"]),
         )  # fmt: skip
     log.info("Wrote %s", output)
+    return manifest
+
+
+def write_shards(
+    tokenizer: TextTokenizer, pieces: dict[str, list[str]], settings: dict[str, Any],
+    staging: Path, workers: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The tokenizer, the shards of every split and their manifest, written into `staging`."""
+    tokenizer.save(staging / TOKENIZER)
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "settings": settings,
+        "tokenizer": TOKENIZER,
+        "vocab_size": tokenizer.vocab_size,
+        "end_of_text": tokenizer.end_of_text,
+        "dtype": token_dtype(tokenizer.vocab_size).str,
+        "splits": {},
+    }
+    train_counts = None
+    with ProcessPoolExecutor(
+        workers or os.cpu_count() or 1, mp_context=get_context("spawn"), initializer=start_worker,
+        initargs=(str(staging / TOKENIZER),),
+    ) as pool:  # fmt: skip
+        for split in SPLITS:
+            counts = tokenize_split(
+                pieces[split], split, staging, manifest, settings["shard_tokens"], pool
+            )
+            train_counts = counts if split == "train" else train_counts
+    assert train_counts is not None
+    manifest["unigram_bits_per_token"] = unigram_bits(train_counts.astype(np.float64))
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -1,4 +1,4 @@
-"""Pre-tokenized text in memory-mapped shards (`<package>-prepare` writes them).
+"""Pre-tokenized text in memory-mapped shards (the prepare command writes them).
 
 A folder holds `manifest.json`, the tokenizer (`tokenizer.json`) and per split one or more shard
 files of raw little-endian token ids (uint16 when the vocabulary fits, else uint32). Each split
@@ -52,8 +52,7 @@ def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
 def no_manifest(folder: str, setting: str) -> ConfigError:
     return ConfigError(
         f"{setting}={folder} has no {MANIFEST}: it is not a folder of token shards. Write "
-        "one with the prepare command (e.g. <package>-prepare source=stdlib), or point "
-        f"{setting} at its output."
+        f"one with the prepare command (e.g. source=stdlib) and point {setting} at its output."
     )
 
 
