@@ -50,6 +50,17 @@ def test_text_folder_is_read(tmp_path: Path) -> None:
     assert 0 < datamodule.baseline["baseline/unigram_loss"] < math.log(256)
 
 
+def test_a_text_folder_is_read_without_its_hidden_files(tmp_path: Path) -> None:
+    (tmp_path / "doc.txt").write_text("a" * 4000)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index").write_bytes(b"\x00" * 4000)
+    (tmp_path / ".notes.swp").write_bytes(b"\xff" * 4000)
+    datamodule = ByteTextDataModule(source=str(tmp_path), block_size=32, batch_size=4)
+    datamodule.setup()
+    counts = torch.bincount(next(iter(datamodule.train_dataloader()))[0].flatten(), minlength=256)
+    assert counts[ord("a")] == counts.sum(), "only doc.txt's bytes are read"
+
+
 def test_missing_text_source_says_what_to_do(tmp_path: Path) -> None:
     datamodule = ByteTextDataModule(source=str(tmp_path / "missing.txt"))
     with pytest.raises(ConfigError, match="neither a file nor a folder"):

@@ -42,7 +42,7 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 def corpus_files(source: str, setting: str = "data.source") -> list[Path]:
     """`stdlib`, `project_configs` (this project's YAML configs, for the fine-tuning example), a
-    file, or a folder (every file under it, in sorted order)."""
+    file, or a folder (every file under it that is not hidden, in sorted order)."""
     if source == "project_configs":
         return sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
     if source == "stdlib":
@@ -73,20 +73,24 @@ def unreadable(
 
 
 def files_under(folder: Path, source: str, setting: str = "data.source") -> list[Path]:
-    """Every file under `folder`, sorted; a subfolder that cannot be listed is an error, not
-    silently skipped."""
+    """Every file under `folder` that is not hidden (nor in a hidden folder such as `.git`),
+    sorted; a subfolder that cannot be listed is an error, not silently skipped."""
 
     def refuse(error: OSError) -> None:
         raise unreadable(error.filename or folder, error, source, setting)
 
-    files = [
-        Path(root) / name
-        for root, _, names in os.walk(folder, onerror=refuse)
-        for name in names
-        if (Path(root) / name).is_file()
-    ]
+    files = []
+    for root, folders, names in os.walk(folder, onerror=refuse):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        files += [
+            Path(root) / name
+            for name in names
+            if not name.startswith(".") and (Path(root) / name).is_file()
+        ]
     if not files:
-        raise ConfigError(f"{setting}={source} is a folder with no files in it.")
+        raise ConfigError(
+            f"{setting}={source} is a folder with no files in it (hidden files are not read)."
+        )
     return sorted(files)
 
 
