@@ -104,7 +104,15 @@ def written(tmp_path: Path) -> Path:
     torch.save({"state_dict": weights}, folder / "no_run_config.ckpt")
     evil_data = {"_target_": "os.system", "command": "touch pwned"}
     run_config = {"data": evil_data, "model": dict(evil_data)}
-    torch.save({"run_config": run_config}, folder / "evil_run_config.ckpt")
+    torch.save({"state_dict": weights, "run_config": run_config}, folder / "evil_run_config.ckpt")
+    torch.save([weights], folder / "a_list.ckpt")
+    torch.save({"state_dict": [torch.zeros(1)]}, folder / "weights_in_a_list.ckpt")
+    torch.save({"state_dict": {"w": "zeros"}}, folder / "weights_not_tensors.ckpt")
+    diverged = {"w": torch.tensor([0.0, float("nan")]), "v": torch.tensor([float("inf")])}
+    torch.save({"state_dict": diverged, "run_config": {}}, folder / "diverged.ckpt")
+    torch.save({"state_dict": weights, "run_config": "data: []"}, folder / "run_config_text.ckpt")
+    no_model = {"state_dict": weights, "run_config": {"data": {}}}
+    torch.save(no_model, folder / "run_config_no_model.ckpt")
     (folder / "unreadable").mkdir()
     for name in UNREADABLE_FILES:
         (folder / "unreadable" / name).symlink_to(UNREADABLE_FILE)
@@ -132,6 +140,13 @@ TRAIN_CASES = {
     "missing data path": (MISSING_DATA[0].split(), [MISSING_DATA[1]]),
     "unreadable data file": (UNREADABLE_DATA.split(), ["cannot read", "unreadable"]),
     "ckpt_path a folder": (["ckpt_path={dir}"], ["is a folder", ".ckpt"]),
+    "ckpt_path a list": (["ckpt_path={dir}/a_list.ckpt"], ["ckpt_path=", "holds a list"]),
+    "ckpt_path with NaN weights": (["ckpt_path={dir}/diverged.ckpt"], ["ckpt_path=", "NaN or infinite", "w, v"]),
+    "init_from missing": (["init_from={dir}/nope.ckpt"], ["init_from=", "does not exist"]),
+    "init_from a list": (["init_from={dir}/a_list.ckpt"], ["init_from=", "holds a list"]),
+    "init_from without tensors": (["init_from={dir}/weights_not_tensors.ckpt"], ["init_from=", "no state_dict"]),
+    "init_from with NaN weights": (["init_from={dir}/diverged.ckpt"], ["init_from=", "NaN or infinite"]),
+    "init_from of another model": (["init_from={dir}/other_model.ckpt"], ["init_from=", "another model"]),
     "seed not a number": (["seed=abc"], ["seed='abc'", "whole number"]),
     "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
     "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),
@@ -181,6 +196,12 @@ EVAL_CASES = {
     "an empty file": ("{dir}/empty.ckpt", ["not a readable checkpoint"]),
     "a folder": ("{dir}", ["is a folder"]),
     "checkpoint from elsewhere": ("{dir}/no_run_config.ckpt", ["no run_config"]),
+    "a list, not a checkpoint": ("{dir}/a_list.ckpt", ["holds a list"]),
+    "weights in a list": ("{dir}/weights_in_a_list.ckpt", ["no state_dict of named tensors"]),
+    "weights that are not tensors": ("{dir}/weights_not_tensors.ckpt", ["no state_dict of named tensors"]),
+    "NaN and infinite weights": ("{dir}/diverged.ckpt", ["NaN or infinite", "w, v"]),
+    "run_config as text": ("{dir}/run_config_text.ckpt", ["malformed run_config"]),
+    "run_config without a model": ("{dir}/run_config_no_model.ckpt", ["malformed run_config"]),
     "checkpoint naming code outside the allowlist": ("{dir}/evil_run_config.ckpt", ["os.system", "not allowed"]),
 }  # fmt: skip
 

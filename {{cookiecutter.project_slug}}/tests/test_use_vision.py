@@ -4,14 +4,23 @@ command's CSV, export with a parity check, and one line for each bad input."""
 from __future__ import annotations
 
 import csv
+import io
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+from {{ cookiecutter.package_name }} import (
+    export as export_module,
+)
+from {{ cookiecutter.package_name }}.cli import (
+    _run,
+)
 from {{ cookiecutter.package_name }}.data.digits import (
     PIXEL_MAX,
     DigitsDataModule,
@@ -24,7 +33,7 @@ from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
 )
 
-from .helpers import PACKAGE, run_cli
+from .helpers import PACKAGE, compose_config, run_cli
 from .killing import entry_point as entry
 
 
@@ -134,18 +143,65 @@ print("ok")
 def test_bad_inputs_get_one_line_and_leave_nothing(trained: Path, tmp_path: Path) -> None:
     (tmp_path / "broken.jpg").write_bytes(b"no jpeg here")
     (tmp_path / "folder").mkdir()
+    (tmp_path / "huge.png").write_bytes(png_claiming(30_000, 30_000))
     cases = {
-        ("inputs=broken.jpg",): ("broken.jpg", "PNG or JPEG"),
-        ("inputs=folder",): ("no image files",),
-        ("inputs=missing.png",): ("does not exist",),
-        (): ("inputs",),
-        ("prompt=hello",): ("image classifier", "inputs="),
-        ("inputs=test", "top_k_classes=0"): ("top_k_classes",),
+        ("predict", "inputs=broken.jpg"): ("broken.jpg", "PNG or JPEG"),
+        ("predict", "inputs=folder"): ("no image files",),
+        ("predict", "inputs=missing.png"): ("does not exist",),
+        ("predict",): ("inputs",),
+        ("predict", "inputs=''"): ("empty name",),
+        ("predict", "inputs=huge.png"): ("huge.png", "decompression bomb"),
+        ("predict", "prompt=hello"): ("image classifier", "inputs="),
+        ("predict", "inputs=test", "top_k_classes=0"): ("top_k_classes",),
+        ("export", "format=pt2", "output=folder"): ("output=", "is a folder"),
+        ("export", "format=pt2", "tolerance=close"): ("tolerance='close'",),
+        ("export", "format=pt2", "tolerance=-1"): ("tolerance=-1",),
+        ("export", "format=pt2", "tolerance=nan"): ("tolerance=nan",),
     }
-    for args, words in cases.items():
-        result = command("predict", f"ckpt_path={trained}", *args, cwd=tmp_path)
+    for (name, *args), words in cases.items():
+        result = command(name, f"ckpt_path={trained}", *args, cwd=tmp_path)
         assert result.returncode == 1, result.stderr[-3000:]
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
         assert all(word in lines[0] for word in words), lines[0]
     assert not (tmp_path / "logs").exists()
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG file whose header claims `width` x `height` pixels (it holds one)."""
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    data[16:24] = struct.pack(">II", width, height)  # the IHDR chunk's data starts at byte 16
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+@pytest.mark.slow
+def test_a_failed_export_removes_the_folders_it_made_and_a_rerun_its_partial_files(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    output = tmp_path / "new" / "deeper" / "model.pt2"
+    overrides = [f"ckpt_path={trained}", "format=pt2", f"output={output}"]
+    cfg = compose_config("export", overrides, tmp_path / "export")
+    eager = export_module.export_pt2
+    monkeypatch.setattr(export_module, "export_pt2", lambda *args: eager(*args) + 1)
+    with pytest.raises(SystemExit) as exit_info:
+        _run(export_module.export, cfg)
+    assert exit_info.value.code == 1
+    assert "differ from the model's" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(export_module, "export_pt2", eager)
+    output.parent.mkdir(parents=True)
+    killed = output.with_name(f".{output.name}.tmp-{dead_pid()}")
+    killed.write_bytes(b"half an export")
+    _run(export_module.export, compose_config("export", overrides, tmp_path / "export"))
+    assert output.is_file() and not killed.exists()
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    return int(process.stdout)

@@ -157,52 +157,81 @@ def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
     return chosen
 
 
-def read_checkpoint(path: Path, trust: bool = False) -> dict[str, Any]:
-    """A checkpoint given on the command line, loaded safely (weights_only=True), or one error
-    saying what is wrong. Full unpickling, which runs code from the file, needs `trust`. A folder
-    of shards is read whole into memory."""
+def read_checkpoint(path: Path, trust: bool = False, key: str = "ckpt_path") -> dict[str, Any]:
+    """A checkpoint given on the command line (as `key`), loaded safely (weights_only=True) and
+    checked to hold finite weights, or one error saying what is wrong. Full unpickling, which runs
+    code from the file, needs `trust`. A folder of shards is read whole into memory."""
+    checkpoint = load_checkpoint(path, trust, key)
+    check_weights(checkpoint, path, key)
+    return checkpoint
+
+
+def check_weights(checkpoint: Any, path: Path, key: str) -> None:
+    """A dict whose `state_dict` maps names to tensors, none of them NaN or infinite."""
+    if not isinstance(checkpoint, dict):
+        raise ConfigError(
+            f"{key}={path} holds a {type(checkpoint).__name__}, not a checkpoint (a dict with the "
+            "weights in state_dict): pass a checkpoint that train wrote."
+        )
+    weights = checkpoint.get("state_dict")
+    if not isinstance(weights, dict) or not all(
+        isinstance(name, str) and isinstance(value, torch.Tensor) for name, value in weights.items()
+    ):
+        raise ConfigError(
+            f"{key}={path} has no state_dict of named tensors: it was not written by this "
+            "project's train command. Pass a checkpoint that train wrote."
+        )
+    bad = non_finite_tensors(weights)
+    if bad:
+        raise ConfigError(
+            f"{key}={path} holds NaN or infinite weights ({', '.join(bad[:3])}"
+            f"{' ...' if len(bad) > 3 else ''}): pass a checkpoint from before the run diverged."
+        )
+
+
+def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
     if is_sharded(path):
         try:
             return read_sharded(path)
         except UNREADABLE as error:
             raise ConfigError(
-                f"ckpt_path={path} is not a readable sharded checkpoint ({first_line(error)}): "
+                f"{key}={path} is not a readable sharded checkpoint ({first_line(error)}): "
                 "it may be incomplete, damaged or not written by this project. Pass another one."
             ) from error
     if path.is_dir():
         inside = sorted(path.glob("**/*.ckpt"), key=lambda p: p.stat().st_mtime)
         example = inside[-1] if inside else path / "checkpoints" / "last.ckpt"
         raise ConfigError(
-            f"ckpt_path={path} is a folder: pass a checkpoint file"
-            f"{' in it' if inside else ''}, e.g. ckpt_path={example}"
+            f"{key}={path} is a folder: pass a checkpoint file"
+            f"{' in it' if inside else ''}, e.g. {key}={example}"
         )
     if not path.is_file():
         raise ConfigError(
-            f"ckpt_path={path} does not exist. Pass a checkpoint file, e.g. "
-            "ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
+            f"{key}={path} does not exist. Pass a checkpoint file, e.g. "
+            f"{key}=logs/train/runs/<run>/checkpoints/last.ckpt"
         )
     try:
-        return dict(torch.load(path, map_location="cpu", weights_only=True))
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         if "Unsupported operand" in str(error) or "Weights only load failed" not in str(error):
             # Not a pickle at all (random bytes), as opposed to one that names Python objects.
             raise ConfigError(
-                f"ckpt_path={path} is not a readable checkpoint ({first_line(error)}): it may be "
+                f"{key}={path} is not a readable checkpoint ({first_line(error)}): it may be "
                 "truncated or not a PyTorch checkpoint. Pass another file."
             ) from error
         if not trust:
             raise ConfigError(
-                f"ckpt_path={path} holds Python objects that only full unpickling can load, "
+                f"{key}={path} holds Python objects that only full unpickling can load, "
                 "which can run any code stored in the file. If you trust where it came from, "
                 "add trust_checkpoint=true."
             ) from error
     except UNREADABLE as error:
         raise ConfigError(
-            f"ckpt_path={path} is not a readable checkpoint ({first_line(error)}): it may be "
+            f"{key}={path} is not a readable checkpoint ({first_line(error)}): it may be "
             "truncated or not a PyTorch checkpoint. Pass another file."
         ) from error
     log.warning("trust_checkpoint=true: loading %s with full unpickling.", path)
-    return dict(torch.load(path, map_location="cpu", weights_only=False))
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def check_same_model(
@@ -210,6 +239,7 @@ def check_same_model(
     model: torch.nn.Module,
     path: Path,
     optional: Callable[[str], bool] = lambda name: False,
+    key: str = "ckpt_path",
 ) -> None:
     """Refuse, with one clear message, a checkpoint whose weights do not fit this model (the
     names for which `optional` is true may be missing)."""
@@ -235,6 +265,6 @@ def check_same_model(
             if names
         )
         raise ConfigError(
-            f"ckpt_path={path} holds weights of another model ({details}). Pass a checkpoint of "
+            f"{key}={path} holds weights of another model ({details}). Pass a checkpoint of "
             "this model, or choose the model it was trained with (e.g. experiment=...)."
         )

@@ -13,6 +13,8 @@ compared with the eager model's; above `tolerance` the export fails and nothing 
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
 import warnings
@@ -59,42 +61,99 @@ def output_path(cfg: DictConfig, fmt: str) -> Path:
     return Path(cfg.paths.output_dir) / f"model.{FORMATS[fmt]}"
 
 
-def check_writable(path: Path) -> None:
-    """Before any work: the folder exists (or is made) and takes a file."""
+def check_tolerance(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"tolerance={value!r}: use a number, 0 or more (e.g. 1e-4).")
+    return float(value)
+
+
+def make_parents(path: Path) -> list[Path]:
+    """Make the folders `path` goes in; returns those that were made, deepest first."""
+    made = [parent for parent in path.parents if not parent.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def remove_folders(folders: list[Path]) -> None:
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def check_writable(path: Path) -> list[Path]:
+    """Before any work: the folder exists (or is made) and takes a file. Returns the folders
+    made, which a failed export removes again."""
     probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+    made: list[Path] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(path)
         probe.touch()
         probe.unlink()
     except OSError as error:
+        remove_folders(made)
         reason = error.strerror or str(error)
         raise ConfigError(
             f"cannot write {path} ({reason}): give output=<a file in a writable folder>."
         ) from error
+    return made
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Partial files that killed exports to `path` left behind (their process is gone)."""
+    for temporary in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = temporary.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            temporary.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
     fmt = str(cfg.format)
     if fmt not in FORMATS:
         raise ConfigError(f"format={fmt}: use one of {', '.join(FORMATS)}.")
+    tolerance = check_tolerance(cfg.tolerance)
+    path = output_path(cfg, fmt)
+    if path.is_dir():
+        raise ConfigError(f"output={path} is a folder: give a file path, e.g. {path / 'model'}.")
     trained = rebuild(cfg)
     net: nn.Module = trained.model.net  # type: ignore[assignment]
     merged = merge(net)
     if merged:
         log.info("Merged the LoRA adapters of %d layers into their weights", merged)
-    path = output_path(cfg, fmt)
-    check_writable(path)
+    made = check_writable(path)
+    remove_stale_temporaries(path)
+    try:
+        difference = write_export(trained, net, fmt, path, tolerance)
+    except BaseException:
+        remove_folders(made)
+        raise
+    log.info("Exported %s", path)
+    return {} if difference is None else {"export/max_abs_difference": difference}
+
+
+def write_export(
+    trained: Trained, net: nn.Module, fmt: str, path: Path, tolerance: float
+) -> float | None:
+    """Write `path` in `fmt`; a program only where its outputs match the model's on a test batch
+    (returns the largest difference)."""
     if fmt == "checkpoint":
         write_plain_checkpoint(trained, path)
-        return {}
+        return None
     net.eval()
     program = Inference(net, trained.datamodule).eval()
     example, check = test_batches(trained)
-    tolerance = float(cfg.tolerance)
     with torch.no_grad():
         expected = program(check)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if fmt == "pt2":
             got = export_pt2(program, example, check, temporary, dynamic_shapes(trained, example))
@@ -115,8 +174,7 @@ def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
         temporary.replace(path)
     finally:
         temporary.unlink(missing_ok=True)
-    log.info("Exported %s", path)
-    return {"export/max_abs_difference": difference}
+    return difference
 
 
 def test_batches(trained: Trained) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,4 +257,3 @@ def write_plain_checkpoint(trained: Trained, path: Path) -> None:
         model_config["lora"] = None
     checkpoint["run_config"] = {**checkpoint["run_config"], "model": model_config}
     atomic_torch_save(checkpoint, path)
-    log.info("Wrote %s", path)

@@ -8,8 +8,10 @@ Language models continue prompts (`prompt=...`, or `prompt_file=...`, one per li
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
+import math
 import sys
 import warnings
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from . import run_lock
 from .errors import ConfigError
+from .files import write_text_atomically
 from .recipe_steps import build_trainer, config_errors, exit_143_on_stop_signals, resolve_machine
 from .run_settings import check_run_settings, check_whole
 from .trained import Trained, rebuild
@@ -104,17 +107,16 @@ def classify_images(
     batches = trainer.predict(trained.model, datamodule=trained.datamodule)
     probabilities = torch.cat([batch for batch in batches or []])  # type: ignore[misc]
     top = probabilities.topk(min(int(cfg.top_k_classes), probabilities.size(1)), dim=1)
+    table = io.StringIO()
+    writer = csv.writer(table)
+    writer.writerow(["path", "class", "probability", "top_classes", "top_probabilities"])
+    for name, classes, probs in zip(names, top.indices.tolist(), top.values.tolist(), strict=True):
+        writer.writerow([
+            name, classes[0], f"{probs[0]:.6f}",
+            " ".join(map(str, classes)), " ".join(f"{p:.6f}" for p in probs),
+        ])  # fmt: skip
     path = output_dir / "predictions.csv"
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["path", "class", "probability", "top_classes", "top_probabilities"])
-        for name, classes, probs in zip(
-            names, top.indices.tolist(), top.values.tolist(), strict=True
-        ):
-            writer.writerow([
-                name, classes[0], f"{probs[0]:.6f}",
-                " ".join(map(str, classes)), " ".join(f"{p:.6f}" for p in probs),
-            ])  # fmt: skip
+    write_text_atomically(table.getvalue(), path)
     log.info("Predicted %d images: %s", len(names), path)
 
 
@@ -211,9 +213,10 @@ def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[to
     if (
         isinstance(temperature, bool)
         or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
         or temperature < 0
     ):
-        raise ConfigError(f"temperature={temperature!r}: use a number, 0 (greedy) or more.")
+        raise ConfigError(f"temperature={temperature!r}: use a finite number, 0 (greedy) or more.")
     return prompts, encoded
 
 
@@ -236,10 +239,10 @@ def continue_prompts(
     if stream:
         stream.finish()
         sys.stdout.write("\n")
+    lines = []
+    for prompt, tokens, output in zip(prompts, encoded, outputs or [], strict=True):
+        completion = decode(output[0, len(tokens) :].tolist())
+        lines.append(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
     path = output_dir / "predictions.jsonl"
-    with path.open("w", encoding="utf-8") as handle:
-        for prompt, tokens, output in zip(prompts, encoded, outputs or [], strict=True):
-            new = output[0, len(tokens) :].tolist()
-            completion = decode(new)
-            handle.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+    write_text_atomically("".join(lines), path)
     log.info("Continued %d prompt%s: %s", len(prompts), "s"[: len(prompts) > 1], path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from . import stop_signals
 from .callbacks.preemption import Preempted
 from .checkpoints import AtomicCheckpointIO
 from .errors import ConfigError, TrainingError
+from .files import write_text_atomically
 from .runtime import (
     configure_matmul_precision,
     resolve_accelerator,
@@ -122,10 +122,7 @@ def build_trainer(
 
 def write_json(metrics: dict[str, float] | list[str], path: Path) -> None:
     """Atomically: a kill leaves the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    temporary.replace(path)
+    write_text_atomically(json.dumps(metrics, indent=2, sort_keys=True) + "\n", path)
 
 
 def write_metrics(metrics: dict[str, float], output_dir: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import logging
 import sys
@@ -16,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import ConfigError, TrainingError
+from .files import write_text_atomically
 from .run_settings import check_run_settings
 from .sweep_report import draw_summary, short_labels, significant
 
@@ -90,7 +92,7 @@ def record_job_status(output_dir: Path, status: str, reason: str | None = None) 
     """`job_status.json` in a job's folder: what the summary reports for it, and why."""
     if output_dir.is_dir():
         record = {"status": status} if reason is None else {"status": status, "reason": reason}
-        (output_dir / "job_status.json").write_text(json.dumps(record) + "\n")
+        write_text_atomically(json.dumps(record) + "\n", output_dir / "job_status.json")
 
 
 def status_stamps(sweep_dir: Path) -> dict[Path, int]:
@@ -224,16 +226,17 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], metric: str | Non
         + [row["run_dir"]]
         for row in rows
     ]
-    with (sweep_dir / "summary.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(table)
+    summary = io.StringIO()
+    writer = csv.writer(summary)
+    writer.writerow(header)
+    writer.writerows(table)
+    write_text_atomically(summary.getvalue(), sweep_dir / "summary.csv")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     labels = short_labels([str(row["overrides"]) for row in rows])
     for label, values in zip(labels, table, strict=True):
         cells = [significant(v) for v in [values[0], label, *values[2:]]]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text_atomically("\n".join(lines) + "\n", sweep_dir / "summary.md")
 
 
 def draw_summary_picture(sweep_dir: Path, rows: list[dict[str, Any]], config: DictConfig) -> None:

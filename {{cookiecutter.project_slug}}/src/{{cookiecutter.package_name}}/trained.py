@@ -37,7 +37,16 @@ def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, An
             f"ckpt_path={ckpt_path} has no run_config: it was not written by this project's "
             "train command, so its model and data cannot be rebuilt."
         )
-    return dict(checkpoint["run_config"])
+    stored = checkpoint["run_config"]
+    if not (
+        isinstance(stored, dict)
+        and all(isinstance(stored.get(part), dict) for part in ("data", "model"))
+    ):
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} has a malformed run_config (it should hold the data and model "
+            "configs): it was not written by this project's train command."
+        )
+    return dict(stored)
 
 
 def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
@@ -79,14 +88,14 @@ def load_init_weights(model: L.LightningModule, path: Path, trust: bool = False)
     """A new run's weights from another run's checkpoint (optimizer, schedule and step counter
     start fresh); adapters the model adds start as they are. Returns where they came from."""
     path = path.expanduser().resolve()
-    checkpoint = read_checkpoint(path, trust=trust)
+    checkpoint = read_checkpoint(path, trust=trust, key="init_from")
     if "base_weights" in checkpoint:
         raise ConfigError(
             f"init_from={path} holds LoRA adapters, not a whole model: merge them into their base "
             f"weights first ({__package__}-export ckpt_path={path} format=checkpoint) and start "
             "from the merged checkpoint."
         )
-    check_same_model(checkpoint, model, path, optional=is_adapter)
+    check_same_model(checkpoint, model, path, optional=is_adapter, key="init_from")
     model.load_state_dict(checkpoint["state_dict"], strict=False)
     return {"path": str(path), "sha256": file_digest(path)}
 

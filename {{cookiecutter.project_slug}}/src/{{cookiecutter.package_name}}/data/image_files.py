@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
+from PIL.Image import DecompressionBombError
 
 from ..errors import ConfigError
 
@@ -17,6 +18,8 @@ def image_paths(inputs: list[str]) -> list[Path]:
     """Files as given; folders as every image file under them, in sorted order."""
     paths: list[Path] = []
     for given in inputs:
+        if not given.strip():
+            raise ConfigError("inputs holds an empty name: pass image files or a folder.")
         path = Path(given).expanduser()
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.suffix.lower() in SUFFIXES)
@@ -39,7 +42,13 @@ def read_gray_images(paths: list[Path], height: int, width: int) -> torch.Tensor
         try:
             with Image.open(path) as image:
                 small = image.convert("L").resize((width, height), Image.Resampling.LANCZOS)
-        except (OSError, UnidentifiedImageError, ValueError) as error:
+        except (
+            OSError,
+            UnidentifiedImageError,
+            ValueError,
+            SyntaxError,
+            DecompressionBombError,
+        ) as error:
             reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
             raise ConfigError(
                 f"cannot read {path} as an image ({reason}): pass PNG or JPEG files."
