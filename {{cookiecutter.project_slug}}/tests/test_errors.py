@@ -195,6 +195,7 @@ EVAL_CASES = {
     "random bytes": ("{dir}/random.ckpt", ["not a readable checkpoint"]),
     "an empty file": ("{dir}/empty.ckpt", ["not a readable checkpoint"]),
     "a folder": ("{dir}", ["is a folder"]),
+    "a device that never ends": ("/dev/zero", ["not a regular file"]),
     "checkpoint from elsewhere": ("{dir}/no_run_config.ckpt", ["no run_config"]),
     "a list, not a checkpoint": ("{dir}/a_list.ckpt", ["holds a list"]),
     "weights in a list": ("{dir}/weights_in_a_list.ckpt", ["no state_dict of named tensors"]),

@@ -293,6 +293,7 @@ def test_bad_inputs_get_one_line_and_leave_nothing(
         ("predict", f"ckpt_path={ckpt}", "prompt="): ("empty",),
         ("predict", f"ckpt_path={ckpt}", "prompt_file=empty.txt"): ("no prompts",),
         ("predict", f"ckpt_path={ckpt}", "prompt_file=missing.txt"): ("cannot be read",),
+        ("predict", f"ckpt_path={ckpt}", "prompt_file=/dev/zero"): ("more than 64 MiB",),
         ("predict", f"ckpt_path={ckpt}"): ("prompt=",),
         ("predict", f"ckpt_path={ckpt}", "inputs=a.png"): ("language model", "prompt="),
         ("predict", f"ckpt_path={ckpt}", "prompt=x", "temperature=-1"): ("temperature",),

@@ -148,6 +148,7 @@ def test_bad_inputs_get_one_line_and_leave_nothing(trained: Path, tmp_path: Path
         ("predict", "inputs=broken.jpg"): ("broken.jpg", "PNG or JPEG"),
         ("predict", "inputs=folder"): ("no image files",),
         ("predict", "inputs=missing.png"): ("does not exist",),
+        ("predict", "inputs=/dev/zero"): ("not a regular file",),
         ("predict",): ("inputs",),
         ("predict", "inputs=''"): ("empty name",),
         ("predict", "inputs=huge.png"): ("huge.png", "decompression bomb"),

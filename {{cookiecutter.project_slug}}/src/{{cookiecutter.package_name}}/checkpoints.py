@@ -205,6 +205,8 @@ def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
             f"{key}={path} is a folder: pass a checkpoint file"
             f"{' in it' if inside else ''}, e.g. {key}={example}"
         )
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{key}={path} is not a regular file: pass a checkpoint file.")
     if not path.is_file():
         raise ConfigError(
             f"{key}={path} does not exist. Pass a checkpoint file, e.g. "

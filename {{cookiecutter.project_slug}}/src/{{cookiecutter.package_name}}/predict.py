@@ -32,6 +32,8 @@ from .trained import Trained, rebuild
 
 log = logging.getLogger(__name__)
 
+PROMPT_FILE_LIMIT = 64 << 20
+
 
 def predict(cfg: DictConfig) -> dict[str, float]:
     with run_lock.hold(Path(cfg.paths.output_dir)):
@@ -131,10 +133,17 @@ def read_prompts(cfg: DictConfig) -> list[str]:
         )
     path = Path(str(cfg.prompt_file)).expanduser()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open("rb") as file:  # at most a byte past the limit: /dev/zero never ends
+            data = file.read(PROMPT_FILE_LIMIT + 1)
+        lines = data.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise ConfigError(f"prompt_file={path} cannot be read as UTF-8 text ({reason}).") from error
+    if len(data) > PROMPT_FILE_LIMIT:
+        raise ConfigError(
+            f"prompt_file={path} holds more than {PROMPT_FILE_LIMIT >> 20} MiB: give prompts, one "
+            "per line, in a smaller file."
+        )
     prompts = [line for line in lines if line]
     if not prompts:
         raise ConfigError(f"prompt_file={path} holds no prompts (one per line).")

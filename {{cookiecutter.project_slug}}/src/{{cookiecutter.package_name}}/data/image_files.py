@@ -30,6 +30,10 @@ def image_paths(inputs: list[str]) -> list[Path]:
             paths += found
         elif path.is_file():
             paths.append(path)
+        elif path.exists():
+            raise ConfigError(
+                f"inputs={given} is not a regular file: pass image files or a folder."
+            )
         else:
             raise ConfigError(f"inputs={given} does not exist: pass image files or a folder.")
     return paths
