@@ -12,7 +12,10 @@ import pytest
 from hydra.utils import instantiate
 {%- endif %}
 
-from {{ cookiecutter.package_name }}.bench import training
+from {{ cookiecutter.package_name }}.bench import (
+    check_bench_settings,
+    training,
+)
 from {{ cookiecutter.package_name }}.bench.training import bench
 from {{ cookiecutter.package_name }}.errors import ConfigError
 {%- if cookiecutter.examples != "vision" %}
@@ -204,7 +207,24 @@ def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
     assert results["lightning"]["step_time_median_s"] > 0
 
 
-def test_bench_refuses_too_few_steps(tmp_path: Path) -> None:
-    cfg = compose_config("bench", ["trainer=cpu", "bench.steps=1"], tmp_path)
-    with pytest.raises(ConfigError, match=r"bench\.steps"):
-        bench(cfg)
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("bench.steps=1", "bench.steps=1: use a whole number of 2 or more"),
+        ("bench.steps=many", "bench.steps='many'"),
+        ("bench.warmup=0", "bench.warmup=0"),
+        ("bench.matmul_size=0", "bench.matmul_size=0"),
+        ("bench.repeats=0", "bench.repeats=0"),
+        ("bench.save_every=-1", "bench.save_every=-1"),
+        ("bench.output=.", "is a folder"),
+        ("seed=abc", "seed='abc'"),
+        ("trainer.devices=0", "trainer.devices=0"),
+    ],
+)
+def test_bench_refuses_settings_it_cannot_use_before_measuring(
+    tmp_path: Path, setting: str, words: str
+) -> None:
+    cfg = compose_config("bench", ["trainer=cpu", setting], tmp_path)
+    with pytest.raises(ConfigError) as error:
+        check_bench_settings(cfg)
+    assert words in str(error.value)

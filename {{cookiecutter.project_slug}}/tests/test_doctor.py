@@ -194,3 +194,12 @@ def test_outside_a_slurm_job_the_doctor_says_so(monkeypatch: pytest.MonkeyPatch)
     fields, problems = doctor.diagnose(["trainer=cpu"])
     assert fields["slurm"].startswith("not in a SLURM job")
     assert not [p for p in problems if "tasks per node" in p]
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [("trainer.devices=0", "trainer.devices=0"), ("seed=abc", "seed='abc'")],
+)
+def test_a_setting_a_run_would_refuse_is_a_warning(setting: str, words: str) -> None:
+    _, problems = doctor.diagnose(["trainer=cpu", setting])
+    assert any(p.startswith("a run would refuse this config") and words in p for p in problems)

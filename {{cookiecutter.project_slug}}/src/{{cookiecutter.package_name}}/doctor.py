@@ -28,6 +28,7 @@ from omegaconf import DictConfig, ListConfig
 from .data.base import auto_workers, usable_cores
 from .errors import ConfigError
 from .memory_plan import fit_warning, plan_for_run
+from .run_settings import check_run_settings
 from .runtime import resolve_accelerator, resolve_precision
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -243,6 +244,10 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         for name in ("disk_free", "accelerator", "precision", "strategy", "memory", "data_loader"):
             fields[name] = "unavailable (the config does not compose)"
         return fields, problems
+    try:
+        check_run_settings(cfg)
+    except ConfigError as error:
+        problems.append(f"a run would refuse this config: {error}")
 
     try:
         log_dir = Path(str(cfg.paths.log_dir)).resolve()

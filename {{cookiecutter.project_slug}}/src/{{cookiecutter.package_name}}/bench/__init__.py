@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -23,6 +24,7 @@ from omegaconf import DictConfig
 # `_target_` check of `hydra.callbacks`, the run-name resolver.
 from ..cli import remove_unused_run_dir
 from ..errors import ConfigError
+from ..run_settings import check_run_settings, check_whole
 
 
 @hydra.main(
@@ -34,6 +36,7 @@ def main(cfg: DictConfig) -> None:
     if (cfg.get("extras") or {}).get("ignore_warnings"):
         warnings.filterwarnings("ignore")
     try:
+        check_bench_settings(cfg)
         if cfg.bench.get("generation"):
             from .generation import bench_generation
 
@@ -50,6 +53,19 @@ def main(cfg: DictConfig) -> None:
         remove_unused_run_dir()
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
+
+
+def check_bench_settings(cfg: DictConfig) -> None:
+    """The run's settings as train checks them, and the bench's own, before anything is built."""
+    check_run_settings(cfg)
+    settings = cfg.bench
+    check_whole("bench.warmup", settings.warmup, 1, allowed=())
+    check_whole("bench.steps", settings.steps, 2, allowed=())
+    check_whole("bench.matmul_size", settings.get("matmul_size"), 1)
+    for key in ("batch", "prompt_tokens", "new_tokens", "repeats", "save_every"):
+        check_whole(f"bench.{key}", settings.get(key), 1, allowed=())
+    if Path(str(settings.output)).is_dir():
+        raise ConfigError(f"bench.output={settings.output} is a folder: give a file path.")
 
 
 if __name__ == "__main__":

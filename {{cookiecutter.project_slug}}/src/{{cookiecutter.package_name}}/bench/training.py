@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..callbacks.throughput import peak_tflops
 from ..errors import ConfigError
+from ..files import write_text_atomically
 from ..models.fp8 import convert_to_fp8
 from ..models.lora import add_adapters
 from ..models.optim import configure_optimizers
@@ -386,8 +387,6 @@ def command_line() -> str:
 
 def bench(cfg: DictConfig) -> dict[str, Any]:
     settings = cfg.bench
-    if settings.steps < 2 or settings.warmup < 1:
-        raise ConfigError("bench.steps must be at least 2 and bench.warmup at least 1.")
     accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
     precision = resolve_precision(str(cfg.trainer.precision), accelerator)
     configure_matmul_precision(cfg.get("matmul_precision"))
@@ -470,8 +469,7 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
 
 def publish(results: dict[str, Any], output: Path, text: str) -> None:
     """Print the report and write the results as JSON."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
+    write_text_atomically(json.dumps(results, indent=2) + "\n", output)
     print(text)
     print(f"Wrote {output}")
 
