@@ -132,6 +132,15 @@ TRAIN_CASES = {
     "negative worker count": (["data.num_workers=-2"], ["data.num_workers"]),
     "worker count a word": (["data.num_workers=many"], ["data.num_workers='many'", "or auto"]),
 {%- if cookiecutter.examples != "vision" %}
+    "context of 0": (["experiment=language", "data.block_size=0"], ["data.block_size=0", "1 or more"]),
+    "model context shorter than the data's": (["experiment=language", "model.net.block_size=64"], ["data.block_size=128", "model.net.block_size=64"]),
+    "held-out shares leaving no text": (["experiment=language", "data.test_fraction=0.99"], ["data.test_fraction=0.99", "nothing to train on"]),
+{%- endif %}
+{%- if cookiecutter.examples != "language" %}
+    "held-out share above 1": (["experiment=digits", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "fraction"]),
+{%- endif %}
+    "negative weight decay": (["model.optimizer.weight_decay=-1"], ["model.optimizer.weight_decay=-1", "0 or more"]),
+{%- if cookiecutter.examples != "vision" %}
     "unknown checkpoint mode": (["experiment=language", "strategy=model_parallel", "trainer.strategy.checkpoint=zip"], ["checkpoint=zip", "async, sync, consolidated"]),
 {%- endif %}
     "unknown precision": (["trainer.precision=fp8"], ["not one of"]),

@@ -73,9 +73,31 @@ def check_learning_rate(cfg: DictConfig) -> None:
         raise refuse("model.optimizer.lr", lr, "use a positive, finite learning rate, e.g. 0.001")
 
 
+def check_optimizer(cfg: DictConfig) -> None:
+    decay = OmegaConf.select(cfg, "model.optimizer.weight_decay", default=None)
+    if decay is not None and (not number(decay) or not math.isfinite(decay) or decay < 0):
+        raise refuse("model.optimizer.weight_decay", decay, "use a finite number, 0 or more")
+
+
+def check_context(cfg: DictConfig) -> None:
+    """A language model sees windows of `data.block_size` tokens: its context must hold them."""
+    model = OmegaConf.select(cfg, "model.net.block_size", default=None)
+    data = OmegaConf.select(cfg, "data.block_size", default=None)
+    for key, value in (("data.block_size", data), ("model.net.block_size", model)):
+        if value is not None and (not whole(value) or value < 1):
+            raise refuse(key, value, "use a whole number of 1 or more")
+    if whole(model) and whole(data) and data > model:
+        raise ConfigError(
+            f"data.block_size={data} is longer than the model's context, model.net.block_size="
+            f"{model}: set data.block_size alone (the model's follows it)."
+        )
+
+
 def check_run_settings(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     if seed is not None and (not whole(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise refuse("seed", seed, f"use a whole number from 0 to {SEED_RANGE[1]}, or null")
     check_trainer(cfg.trainer)
     check_learning_rate(cfg)
+    check_optimizer(cfg)
+    check_context(cfg)

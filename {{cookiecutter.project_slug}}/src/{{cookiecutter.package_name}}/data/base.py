@@ -21,6 +21,18 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from ..errors import ConfigError
 
 
+def check_fractions(val_fraction: Any, test_fraction: Any) -> None:
+    """The shares of the data held out for validation and test leave some to train on."""
+    for key, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ConfigError(f"data.{key}={value!r}: use a fraction from 0 up to below 1.")
+    if val_fraction + test_fraction >= 1:
+        raise ConfigError(
+            f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave "
+            "nothing to train on: make their sum less than 1."
+        )
+
+
 def split_indices(
     count: int, fractions: tuple[float, float], seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

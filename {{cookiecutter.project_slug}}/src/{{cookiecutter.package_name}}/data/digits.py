@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from .base import SplitDataModule, split_indices
+from .base import SplitDataModule, check_fractions, split_indices
 from .image_files import read_gray_images
 
 PIXEL_MAX = 16.0
@@ -42,6 +42,7 @@ class DigitsDataModule(SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, num_workers)
+        check_fractions(val_fraction, test_fraction)
         self.save_hyperparameters()
 
     def load_splits(self) -> dict[str, Dataset[Any]]:

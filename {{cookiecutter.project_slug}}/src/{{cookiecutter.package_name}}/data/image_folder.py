@@ -36,7 +36,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset, Sampler
 
 from ..errors import ConfigError
-from .base import ResumableSampler, SplitDataModule, split_indices
+from .base import ResumableSampler, SplitDataModule, check_fractions, split_indices
 from .image_files import SUFFIXES
 
 log = logging.getLogger(__name__)
@@ -242,14 +242,7 @@ class ImageFolderDataModule(SplitDataModule):
         check_whole("num_classes", num_classes, 1)
         if channels not in MODES:
             raise ConfigError(f"data.channels={channels!r}: use 1 (grey) or 3 (RGB).")
-        for key, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not isinstance(value, (int, float)) or not 0 <= value < 1:
-                raise ConfigError(f"data.{key}={value!r}: use a fraction from 0 up to below 1.")
-        if val_fraction + test_fraction >= 1:
-            raise ConfigError(
-                f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave "
-                "nothing to train on: make their sum less than 1."
-            )
+        check_fractions(val_fraction, test_fraction)
         if (root is None) == (csv is None):
             given = "both are set" if root is not None else "neither is set"
             raise ConfigError(

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import ConfigError
-from .base import SplitDataModule
+from .base import SplitDataModule, check_fractions
 
 VOCAB_SIZE = 256
 MAX_CHUNK_BYTES = 64 * 1024
@@ -152,6 +152,9 @@ class ByteTextDataModule(SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(batch_size, num_workers)
+        check_fractions(val_fraction, test_fraction)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"data.block_size={block_size!r}: use a whole number of 1 or more.")
         self.save_hyperparameters()
         self.baseline: dict[str, float] = {}
 
