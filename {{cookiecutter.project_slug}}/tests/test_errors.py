@@ -30,6 +30,15 @@ from {{ cookiecutter.package_name }}.export import (
 from {{ cookiecutter.package_name }}.predict import (
     predict as run_prediction,
 )
+from {{ cookiecutter.package_name }}.run_names import (
+    gpus_per_node,
+)
+from {{ cookiecutter.package_name }}.run_settings import (
+    check_run_settings,
+)
+from {{ cookiecutter.package_name }}.sweeps import (
+    launches_ddp_subprocesses,
+)
 from {{ cookiecutter.package_name }}.train import train
 
 from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config
@@ -164,6 +173,8 @@ TRAIN_CASES = {
     "learning rate a word": (["model.optimizer.lr=fast"], ["model.optimizer.lr='fast'"]),
     "zero devices": (["trainer.devices=0"], ["trainer.devices=0", "count of 1 or more"]),
     "devices a word": (["trainer.devices=many"], ["trainer.devices='many'"]),
+    "a negative device index": (["trainer.devices=[-1]"], ["trainer.devices=[-1]", "device indices"]),
+    "no device index": (["trainer.devices=[]"], ["trainer.devices=[]", "device indices"]),
     "max_epochs below -1": (["trainer.max_epochs=-5"], ["trainer.max_epochs=-5", "-1 or more"]),
     "max_steps below -1": (["trainer.max_steps=-3"], ["trainer.max_steps=-3"]),
     "full-width numerals": (["trainer.max_epochs='\uff11\uff10'"], ["trainer.max_epochs", "ASCII numerals"]),
@@ -188,6 +199,15 @@ def test_bad_train_input_gets_one_clear_error(
     fails_with(train, cfg, capsys, *fragments)
     assert snapshot(written) == before, "a failing command changed files it did not own"
     assert not checkpoints(cfg), "nothing was trained"
+
+
+def test_a_list_of_gpu_indices_is_taken_as_that_many_devices(train_config: ComposeFn) -> None:
+    one, two = train_config("trainer.devices=[3]"), train_config("trainer.devices=[0,1]")
+    for cfg in (one, two):
+        check_run_settings(cfg)
+        cfg.trainer.accelerator = "gpu"
+    assert (gpus_per_node(_root_=one), gpus_per_node(_root_=two)) == (1, 2)
+    assert not launches_ddp_subprocesses(one) and launches_ddp_subprocesses(two)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")

@@ -154,6 +154,7 @@ def test_bad_inputs_get_one_line_and_leave_nothing(trained: Path, tmp_path: Path
         ("predict", "inputs=huge.png"): ("huge.png", "decompression bomb"),
         ("predict", "prompt=hello"): ("image classifier", "inputs="),
         ("predict", "inputs=test", "top_k_classes=0"): ("top_k_classes",),
+        ("predict", "inputs=test", "trainer.devices=2"): ("one device", "trainer.devices=2"),
         ("export", "format=pt2", "output=folder"): ("output=", "is a folder"),
         ("export", "format=pt2", "tolerance=close"): ("tolerance='close'",),
         ("export", "format=pt2", "tolerance=-1"): ("tolerance=-1",),

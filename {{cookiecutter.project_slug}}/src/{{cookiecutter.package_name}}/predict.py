@@ -51,6 +51,13 @@ def as_list(value: Any) -> list[str]:
 def predict_checkpoint(cfg: DictConfig) -> dict[str, float]:
     machine = resolve_machine(cfg)
     check_run_settings(cfg)
+    devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
+    one_device = devices == 1 or (isinstance(devices, (list, ListConfig)) and len(devices) == 1)
+    if not one_device or nodes != 1:
+        raise ConfigError(
+            f"predict runs on one device (trainer.devices={devices}, trainer.num_nodes={nodes}): "
+            "drop those overrides, or pick the GPU with trainer.devices=[<index>]."
+        )
     trained = rebuild(cfg)
     language = callable(getattr(getattr(trained.model, "net", None), "generate", None))
     given_prompts = cfg.get("prompt") is not None or cfg.get("prompt_file") is not None

@@ -8,7 +8,7 @@ import os
 import re
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]")
 MAX_LENGTH = 100
@@ -96,7 +96,10 @@ def gpus_per_node(*, _root_: DictConfig) -> int | None:
     """`${gpus_per_node:}` in the SLURM launcher: trainer.devices, and no GPU request for a CPU
     run (trainer.accelerator=cpu), so CPU partitions need no override."""
     trainer = _root_.trainer
-    return None if str(trainer.accelerator) == "cpu" else int(trainer.devices)
+    if str(trainer.accelerator) == "cpu":
+        return None
+    devices = trainer.devices
+    return len(devices) if isinstance(devices, ListConfig) else int(devices)
 
 
 def register_run_name_resolver() -> None:

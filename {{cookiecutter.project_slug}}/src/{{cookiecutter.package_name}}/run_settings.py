@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
 
@@ -55,10 +55,16 @@ def check_trainer(trainer: DictConfig) -> None:
     if not (
         devices in ("auto", -1)
         or (whole(devices) and devices >= 1)
-        or (isinstance(devices, (list, tuple)) and devices and all(whole(d) for d in devices))
+        or (
+            isinstance(devices, (list, tuple, ListConfig))
+            and len(devices) > 0
+            and all(whole(d) and d >= 0 for d in devices)
+        )
     ):
         raise refuse(
-            "trainer.devices", devices, "use a count of 1 or more, -1 or auto for all, or a list"
+            "trainer.devices",
+            devices,
+            "use a count of 1 or more, -1 or auto for all, or a list of device indices ([0,1])",
         )
     clip = trainer.get("gradient_clip_val")
     if clip is not None and (not number(clip) or not clip >= 0):

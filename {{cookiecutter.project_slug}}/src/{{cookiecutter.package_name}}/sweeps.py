@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError, TrainingError
 from .files import write_text_atomically
@@ -36,7 +36,8 @@ def launches_ddp_subprocesses(cfg: DictConfig) -> bool:
     """True when Lightning would start DDP children by re-running the command line."""
     strategy = cfg.trainer.get("strategy", "auto")
     devices = cfg.trainer.get("devices", 1)
-    many = devices not in (1, "1", [0]) and not (isinstance(devices, list) and len(devices) == 1)
+    one = isinstance(devices, (list, ListConfig)) and len(devices) == 1
+    many = devices not in (1, "1") and not one
     if isinstance(strategy, str):
         return strategy in ("ddp", "auto") and many
     target = str(strategy.get("_target_", ""))
