@@ -4,6 +4,7 @@ command, LoRA fine-tuning from a trained checkpoint (kill-safe like any run), me
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,27 @@ def test_adapters_start_at_the_base_train_alone_and_merge_to_the_same_logits() -
 def test_adapter_targets_that_match_no_layer_are_refused_with_the_names_there_are() -> None:
     with pytest.raises(ValueError, match=r"matches none.*fc.*qkv"):
         add_adapters(tiny_gpt(), rank=4, alpha=8, dropout=0.0, target_modules=["attention"])
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ({"rank": 0}, "model.lora.rank=0"),
+        ({"rank": True}, "model.lora.rank=True"),
+        ({"alpha": float("nan")}, "model.lora.alpha=nan"),
+        ({"alpha": 0}, "model.lora.alpha=0"),
+    ],
+)
+def test_adapter_settings_a_run_cannot_use_are_refused(
+    setting: dict[str, float], words: str
+) -> None:
+    lora = {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["mlp.fc"], **setting}
+    with pytest.raises(ValueError, match=re.escape(words)):
+        add_adapters(tiny_gpt(), **lora)  # type: ignore[arg-type]
+
+
+def test_one_adapter_target_may_be_given_as_a_name() -> None:
+    assert add_adapters(tiny_gpt(), rank=4, alpha=8, dropout=0.0, target_modules="mlp.fc")
 
 
 @pytest.mark.parametrize(

@@ -61,9 +61,11 @@ def add_adapters(
 ) -> list[str]:
     """Put adapters on the Linear layers whose names match `target_modules` and freeze every other
     parameter; returns the adapted layers' names. Raises ValueError where nothing matches."""
-    targets = list(target_modules)
-    if not isinstance(rank, int) or rank < 1:
+    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"model.lora.rank={rank!r}: use a whole number of 1 or more.")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+        raise ValueError(f"model.lora.alpha={alpha!r}: use a positive, finite number (e.g. 16).")
     linears = {name: module for name, module in net.named_modules() if type(module) is nn.Linear}
     chosen = [name for name in linears if matches(name, targets)]
     if not chosen:
