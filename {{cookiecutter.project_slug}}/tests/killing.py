@@ -137,11 +137,20 @@ def outcome(cwd: Path) -> dict[str, Any]:
     return {
         "metrics": {k: v for k, v in metrics.items() if not k.startswith(TIMING_KEYS)},
         "global_step": last["global_step"],
+        "epoch": last["epoch"],
+        "epochs_done": epochs_done(last),
         "state_dict": last["state_dict"],
         "optimizer_states": last["optimizer_states"],
         "files": sorted(path.name for path in (folder / "checkpoints").iterdir()),
         "batches": batches_by_step(cwd),
     }
+
+
+def epochs_done(checkpoint: dict[str, Any]) -> dict[str, int]:
+    """The fit loop's count of epochs processed and completed (not of epochs started, which a
+    resumed run counts again)."""
+    total = checkpoint["loops"]["fit_loop"]["epoch_progress"]["total"]
+    return {"processed": total["processed"], "completed": total["completed"]}
 
 
 def assert_equal(expected: Any, got: Any, where: str) -> None:

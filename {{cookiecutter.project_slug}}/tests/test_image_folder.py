@@ -272,6 +272,25 @@ def test_a_file_that_does_not_decode_is_named_in_one_line(tmp_path: Path) -> Non
         dataset[index]
 
 
+@pytest.mark.parametrize("logger", ["csv"{% if cookiecutter.logger == "wandb" %}, "wandb"{% endif %}])
+def test_a_run_on_a_file_that_does_not_decode_is_one_line_and_leaves_no_run_folder(
+    tmp_path: Path, logger: str
+) -> None:
+    """Found while the data module sets up, after the loggers started in the run folder."""
+    root = tmp_path / "images"
+    write_images(root)
+    (root / "cat" / "x.png").write_bytes(b"not an image")
+    result = run_cli(
+        "-m", PACKAGE, "experiment=image_folder", f"data.root={root}", "trainer=cpu",
+        f"logger={logger}", "extras.print_config=false", "run_name=bad", cwd=tmp_path,
+        env={"WANDB_MODE": "offline"},
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and lines[-1].startswith("error: "), result.stderr[-3000:]
+    assert "x.png as an image" in lines[-1]
+    assert not (tmp_path / "logs" / "train" / "runs" / "bad").exists()
+
+
 def test_bad_settings_get_one_line(
     folder: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:

@@ -82,12 +82,14 @@ LANGUAGE_RUN = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("phase", "at"), [("test", 1), ("validation", 2)])
+@pytest.mark.parametrize(("phase", "at"), [("test", 1), ("validation", 2), ("fit_end", 1)])
 def test_language_run_killed_in_a_phase_finishes_exactly(
     tmp_path: Path, phase: str, at: int, reference_run: References
 ) -> None:
     """Killed in the test stage, the resumed run's metrics.json lacked val/loss, train/loss, the
-    bits per byte and the learning rates (and with them a sweep's optimized metric)."""
+    bits per byte and the learning rates (and with them a sweep's optimized metric); killed after
+    the last step (max_steps), before the finished fit was saved, it did too, and its last.ckpt
+    was left mid-epoch (Lightning skips the end of an epoch that starts at max_steps)."""
     command = [*LANGUAGE_RUN, *fault(phase, at, tmp_path / "fired")]
     killed_then_finished(command, tmp_path / "run")
     assert_same_outcome(reference_run(LANGUAGE_RUN), tmp_path / "run")

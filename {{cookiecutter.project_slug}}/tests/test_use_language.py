@@ -215,15 +215,19 @@ def test_fine_tuning_runs_under_each_strategy_and_compiled(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("phase", "at"), [("train_step", 6), ("fit_end", 1), ("test", 1)])
 def test_a_killed_fine_tuning_run_finishes_as_if_never_stopped(
-    base: Path, tmp_path: Path, reference_run: References
+    base: Path, tmp_path: Path, reference_run: References, phase: str, at: int
 ) -> None:
+    """Killed after fit, the resumed run's metrics.json lacked the starting weights' `init/...`
+    validation; killed after the last step, it resumed from the checkpoint of step 12, where
+    Lightning skips the end of the epoch and of fit."""
     run = [
         *COMMON, "experiment=language_finetune", *TINY, f"init_from={base}",
         "trainer.max_steps=12", "trainer.val_check_interval=4", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=2", "callbacks.step_checkpoint.every_n_train_steps=4",
     ]  # fmt: skip
-    killed_then_finished([*run, *fault("train_step", 6, tmp_path / "fired")], tmp_path / "run")
+    killed_then_finished([*run, *fault(phase, at, tmp_path / "fired")], tmp_path / "run")
     assert_same_outcome(reference_run(run), tmp_path / "run")
 
 

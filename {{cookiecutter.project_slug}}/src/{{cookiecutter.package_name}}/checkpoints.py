@@ -21,6 +21,7 @@ from .runtime import is_global_zero
 from .sharded_checkpoints import (
     fsync_directory,
     is_sharded,
+    keeps_previous,
     read_meta,
     read_sharded,
     remove,
@@ -75,7 +76,7 @@ def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
                 raise failed_write(path) from error
             file.flush()
             os.fsync(file.fileno())
-        if path.exists():
+        if path.exists() and keeps_previous(path):
             path.replace(path.with_name(f"{path.stem}-previous{path.suffix}"))
         temporary.replace(path)
     finally:
@@ -126,10 +127,13 @@ def first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
+def newest_valid_checkpoint(
+    ckpt_dir: Path, passed_over: Callable[[dict[str, Any]], bool] = lambda state: False
+) -> Path | None:
     """The newest checkpoint that loads with weights_only=True (a file, or a folder of shards
-    whose metadata is safe to read). An unreadable one is moved aside as `<name>.corrupt`, never
-    deleted, and the one before it is used, with one warning naming both."""
+    whose metadata is safe to read) and that `passed_over` does not reject. An unreadable one is
+    moved aside as `<name>.corrupt`, never deleted, and the one before it is used, with one
+    warning naming both."""
     if is_global_zero():
         remove_interrupted_writes(ckpt_dir)
     candidates = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -137,9 +141,12 @@ def newest_valid_checkpoint(ckpt_dir: Path) -> Path | None:
     chosen = None
     for path in candidates:
         try:
-            read_fit_state(path)
+            state = read_fit_state(path)
         except UNREADABLE as error:
             unreadable.append((path, first_line(error)))
+            continue
+        if passed_over(state):
+            log.info("Passing over %s: %s", path.name, passed_over.__doc__ or "")
             continue
         chosen = path
         break

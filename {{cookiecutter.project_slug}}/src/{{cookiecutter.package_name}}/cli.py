@@ -71,8 +71,11 @@ def remove_unused_run_dir() -> None:
     here = Path.cwd().resolve()
     if not (folder / ".hydra").is_dir() or folder.resolve() in (here, *here.parents):
         return  # never the folder the command runs in (hydra.run.dir=.), nor one above it
-    if any(path.name not in HYDRA_START_FILES for path in folder.iterdir()):
-        return
+    if any(
+        path.name not in HYDRA_START_FILES and not (path.is_dir() and not any(path.iterdir()))
+        for path in folder.iterdir()
+    ):
+        return  # an empty folder (what a logger left once its files were removed) is no output
     if run_lock.holder(folder) is not None:
         return  # another process's live run
     for handler in logging.getLogger().handlers:

@@ -124,6 +124,12 @@ def staging_folder(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-shards")
 
 
+def keeps_previous(path: Path) -> bool:
+    """`last.ckpt` is rewritten at every save, and the one it replaces stays beside it; another
+    checkpoint is rewritten only by a resumed run saving the same step again, which replaces it."""
+    return path.stem == "last"
+
+
 def publish(staging: Path, path: Path) -> None:
     """Rename the complete `staging` folder to `path`. One that it replaces (last.ckpt) is kept
     as `<stem>-previous<suffix>` until then, as single-file saves do."""
@@ -132,9 +138,11 @@ def publish(staging: Path, path: Path) -> None:
             with open(written, "rb") as file:
                 os.fsync(file.fileno())
     fsync_directory(staging)
+    previous = path.with_name(f"{path.stem}-previous{path.suffix}")
     if path.exists():
-        previous = path.with_name(f"{path.stem}-previous{path.suffix}")
         remove(previous)
         path.replace(previous)
     staging.replace(path)
+    if not keeps_previous(path):
+        remove(previous)
     fsync_directory(path.parent)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +114,15 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
     """The newest valid checkpoint of this run directory, else `ckpt_path`, else none; only a
     trusted external checkpoint may load without weights_only=True."""
     ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
-    newest = newest_valid_checkpoint(ckpt_dir) if cfg.get("resume") else None
+    max_steps = int(cfg.trainer.get("max_steps") or -1)
+
+    def ends_unfinished(state: dict[str, Any]) -> bool:
+        """written at the last step, before fit ended: Lightning would skip the end of the epoch
+        and of fit from it, so the run goes on from an earlier checkpoint."""
+        at_end = 0 < max_steps <= int(state.get("global_step", 0))
+        return at_end and not fit_state(state).get("fit_finished")
+
+    newest = newest_valid_checkpoint(ckpt_dir, ends_unfinished) if cfg.get("resume") else None
     if newest:
         log.info("Resuming from %s", newest)
         return Start(str(newest), True, True)
@@ -244,6 +255,27 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
     return str(path)
 
 
+@contextmanager
+def bad_data_leaves_no_logs(
+    trainer: L.Trainer, output_dir: Path, found: set[Path]
+) -> Iterator[None]:
+    """Data that the data module refuses while it sets up (a file that does not decode, a shard
+    that fails its checksum) is bad input like any other: what the loggers started in the run
+    folder goes, so that the folder, holding only what was there before, can go too."""
+    try:
+        yield
+    except ConfigError:
+        if trainer.global_step == 0 and output_dir.is_dir():
+            for logger in trainer.loggers:  # a wandb run writes its files when it ends
+                finish = getattr(getattr(logger, "_experiment", None), "finish", None)
+                if callable(finish):
+                    finish(exit_code=1)
+            for path in set(output_dir.iterdir()) - found:
+                if path.is_dir() and path.name != "checkpoints":
+                    shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     check_targets(cfg, cfg.get("allowed_targets") or ())
     check_run_settings(cfg)
@@ -279,6 +311,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
+    output_dir = Path(cfg.paths.output_dir)
+    found = set(output_dir.iterdir()) if output_dir.is_dir() else set()
     with config_errors():
         loggers = instantiate_loggers(cfg.get("logger"))
         callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
@@ -294,11 +328,13 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     if finished.get("fit_finished") and not cfg.get("extend"):
         log.info("Training had finished (%s): testing only.", start.path)
         metrics, best, saved = dict(finished["metrics"]), finished["best_model_path"], start.path
+        metrics.update(validate_before_fine_tuning(cfg, trainer, model, datamodule))
     else:
         progress.restores_progress = start.resumed
         progress.restores_stop = not finished.get("fit_finished")
-        before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
-        trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
+        with bad_data_leaves_no_logs(trainer, output_dir, found):
+            before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
+            trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
         metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
         metrics.update(before)
         if before and trainer.is_global_zero:
