@@ -104,6 +104,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/doctor.py",
         "docs/benchmarks.md",
         f"{src}/errors.py",
+        f"{src}/files.py",
         f"{src}/evaluate.py",
         f"{src}/loggers.py",
         f"{src}/checkpoints.py",

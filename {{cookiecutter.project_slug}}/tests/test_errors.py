@@ -116,11 +116,12 @@ def written(tmp_path: Path) -> Path:
     torch.save({"state_dict": weights, "run_config": run_config}, folder / "evil_run_config.ckpt")
     torch.save([weights], folder / "a_list.ckpt")
     torch.save({"state_dict": [torch.zeros(1)]}, folder / "weights_in_a_list.ckpt")
-    torch.save({"state_dict": {"w": "zeros"}}, folder / "weights_not_tensors.ckpt")
+    not_tensors = {"w": "zeros"}
+    torch.save({"state_dict": not_tensors}, folder / "weights_not_tensors.ckpt")
     diverged = {"w": torch.tensor([0.0, float("nan")]), "v": torch.tensor([float("inf")])}
-    torch.save({"state_dict": diverged, "run_config": {}}, folder / "diverged.ckpt")
+    torch.save({"state_dict": diverged, "run_config": dict()}, folder / "diverged.ckpt")
     torch.save({"state_dict": weights, "run_config": "data: []"}, folder / "run_config_text.ckpt")
-    no_model = {"state_dict": weights, "run_config": {"data": {}}}
+    no_model = {"state_dict": weights, "run_config": dict(data=dict())}
     torch.save(no_model, folder / "run_config_no_model.ckpt")
     (folder / "unreadable").mkdir()
     for name in UNREADABLE_FILES:

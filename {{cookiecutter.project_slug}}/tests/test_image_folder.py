@@ -283,7 +283,9 @@ def test_a_run_on_a_file_that_does_not_decode_is_one_line_and_leaves_no_run_fold
     result = run_cli(
         "-m", PACKAGE, "experiment=image_folder", f"data.root={root}", "trainer=cpu",
         f"logger={logger}", "extras.print_config=false", "run_name=bad", cwd=tmp_path,
+{%- if cookiecutter.logger == "wandb" %}
         env={"WANDB_MODE": "offline"},
+{%- endif %}
     )  # fmt: skip
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and lines[-1].startswith("error: "), result.stderr[-3000:]

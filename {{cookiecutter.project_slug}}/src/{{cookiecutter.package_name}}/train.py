@@ -266,7 +266,7 @@ def bad_data_leaves_no_logs(
         yield
     except ConfigError:
         if trainer.global_step == 0 and output_dir.is_dir():
-            for logger in trainer.loggers:  # a wandb run writes its files when it ends
+            for logger in trainer.loggers:  # a tracker's run writes its last files as it ends
                 finish = getattr(getattr(logger, "_experiment", None), "finish", None)
                 if callable(finish):
                     finish(exit_code=1)
