@@ -399,7 +399,7 @@ def test_an_unreadable_data_folder_is_named(
     real_scandir = os.scandir
 
     def scandir(path: Any = ".") -> Any:
-        if Path(path) == corpus / "closed":
+        if isinstance(path, (str, os.PathLike)) and Path(path) == corpus / "closed":
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
         return real_scandir(path)
 
