@@ -216,6 +216,7 @@ def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
         ("bench.matmul_size=0", "bench.matmul_size=0"),
         ("bench.repeats=0", "bench.repeats=0"),
         ("bench.save_every=-1", "bench.save_every=-1"),
+        ("bench.checkpointing=true bench.save_every=100", "more than bench.steps"),
         ("bench.output=.", "is a folder"),
         ("seed=abc", "seed='abc'"),
         ("trainer.devices=0", "trainer.devices=0"),
@@ -224,7 +225,7 @@ def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
 def test_bench_refuses_settings_it_cannot_use_before_measuring(
     tmp_path: Path, setting: str, words: str
 ) -> None:
-    cfg = compose_config("bench", ["trainer=cpu", setting], tmp_path)
+    cfg = compose_config("bench", ["trainer=cpu", *setting.split()], tmp_path)
     with pytest.raises(ConfigError) as error:
         check_bench_settings(cfg)
     assert words in str(error.value)

@@ -128,10 +128,11 @@ def first_line(error: BaseException) -> str:
 
 
 def newest_valid_checkpoint(
-    ckpt_dir: Path, passed_over: Callable[[dict[str, Any]], bool] = lambda state: False
+    ckpt_dir: Path, passed_over: Callable[[dict[str, Any]], str | None] = lambda state: None
 ) -> Path | None:
     """The newest checkpoint that loads with weights_only=True (a file, or a folder of shards
-    whose metadata is safe to read) and that `passed_over` does not reject. An unreadable one is
+    whose metadata is safe to read) and for which `passed_over` gives no reason to skip it
+    (the reason is logged). An unreadable one is
     moved aside as `<name>.corrupt`, never deleted, and the one before it is used, with one
     warning naming both."""
     if is_global_zero():
@@ -145,8 +146,9 @@ def newest_valid_checkpoint(
         except UNREADABLE as error:
             unreadable.append((path, first_line(error)))
             continue
-        if passed_over(state):
-            log.info("Passing over %s: %s", path.name, passed_over.__doc__ or "")
+        reason_to_skip = passed_over(state)
+        if reason_to_skip:
+            log.info("Passing over %s: %s", path.name, reason_to_skip)
             continue
         chosen = path
         break

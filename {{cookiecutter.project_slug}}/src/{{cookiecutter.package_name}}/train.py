@@ -116,11 +116,14 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
     ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
     max_steps = int(cfg.trainer.get("max_steps") or -1)
 
-    def ends_unfinished(state: dict[str, Any]) -> bool:
-        """written at the last step, before fit ended: Lightning would skip the end of the epoch
-        and of fit from it, so the run goes on from an earlier checkpoint."""
+    def ends_unfinished(state: dict[str, Any]) -> str | None:
         at_end = 0 < max_steps <= int(state.get("global_step", 0))
-        return at_end and not fit_state(state).get("fit_finished")
+        if not at_end or fit_state(state).get("fit_finished"):
+            return None
+        return (
+            "written at the last step, before fit ended: Lightning would skip the end of the "
+            "epoch and of fit from it, so the run goes on from an earlier checkpoint"
+        )
 
     newest = newest_valid_checkpoint(ckpt_dir, ends_unfinished) if cfg.get("resume") else None
     if newest:

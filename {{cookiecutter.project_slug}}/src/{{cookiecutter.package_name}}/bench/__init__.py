@@ -64,6 +64,11 @@ def check_bench_settings(cfg: DictConfig) -> None:
     check_whole("bench.matmul_size", settings.get("matmul_size"), 1)
     for key in ("batch", "prompt_tokens", "new_tokens", "repeats", "save_every"):
         check_whole(f"bench.{key}", settings.get(key), 1, allowed=())
+    if settings.get("checkpointing") and int(settings.save_every) > int(settings.steps):
+        raise ConfigError(
+            f"bench.save_every={settings.save_every} is more than bench.steps={settings.steps}: "
+            "no checkpoint would be measured; lower it."
+        )
     if Path(str(settings.output)).is_dir():
         raise ConfigError(f"bench.output={settings.output} is a folder: give a file path.")
 

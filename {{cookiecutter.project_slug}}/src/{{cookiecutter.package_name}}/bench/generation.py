@@ -61,10 +61,6 @@ def bench_generation(cfg: DictConfig) -> dict[str, Any]:
     autocast = AUTOCAST_DTYPES.get(precision)
     batch, prompt_tokens = int(settings.batch), int(settings.prompt_tokens)
     new_tokens = int(settings.new_tokens)
-    if batch < 1 or prompt_tokens < 1 or new_tokens < 1:
-        raise ConfigError(
-            "bench.batch, bench.prompt_tokens and bench.new_tokens must be 1 or more."
-        )
     if prompt_tokens + new_tokens > net.block_size:
         raise ConfigError(
             f"bench.prompt_tokens + bench.new_tokens = {prompt_tokens + new_tokens} exceeds the "
