@@ -24,9 +24,22 @@ from {{ cookiecutter.package_name }}.sweep_report import (
     short_labels,
     significant,
 )
+from {{ cookiecutter.package_name }}.sweeps import (
+    collect_jobs,
+)
 
 from .helpers import PACKAGE, PROJECT_ROOT, ComposeFn, run_cli
-from .killing import SMALL_RUN, assert_same_outcome
+from .killing import (
+    FAULT_TARGETS,
+    SMALL_RUN,
+    SMALL_SHAPE,
+    assert_equal,
+    assert_same_outcome,
+    fault,
+    killed_then_finished,
+    read_last,
+)
+from .killing import run as run_killable
 
 QUICK = ["trainer=cpu", "logger=csv", "extras.print_config=false", "trainer.max_epochs=2"]
 EVAL_METRICS = ("val/loss", "test/loss")
@@ -103,8 +116,6 @@ def test_fsdp2_model_parallel_on_two_cpu_processes(tmp_path: Path) -> None:
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    from .killing import read_last
-
     last = run_dir / "checkpoints" / "last.ckpt"
     assert sorted(p.name for p in last.iterdir()) == [
         ".metadata",
@@ -196,7 +207,8 @@ SHORT_RUN = ["trainer.max_epochs=3"]
 @pytest.mark.slow
 def test_optuna_study_is_continued_only_by_the_same_command(tmp_path: Path) -> None:
     """The same command extends its study with new parameters, each trial in a directory of its
-    own (a crashed launch's trial is marked failed); another command makes another study, whose
+    own (a trial left running without the search's parameters is marked failed); another
+    command makes another study, whose
     pruned trials are reported as pruned, not failed."""
     import optuna
 
@@ -219,7 +231,7 @@ def test_optuna_study_is_continued_only_by_the_same_command(tmp_path: Path) -> N
 
     first = search(2, "interval(0.002,0.004)", prune_after=10, sweep="a")
     assert states(first) == ["COMPLETE", "COMPLETE"]
-    first.ask()  # a launch killed mid-trial leaves its trial running
+    first.ask()  # left running, with none of the search's parameters
     again = search(3, "interval(0.002,0.004)", prune_after=10, sweep="a")
     assert again.study_name == first.study_name, "the same command continues its study"
     assert states(again) == ["COMPLETE", "COMPLETE", "FAIL", "COMPLETE"]
@@ -244,6 +256,61 @@ def test_optuna_study_is_continued_only_by_the_same_command(tmp_path: Path) -> N
     assert [row["status"] for row in summary_rows(tmp_path / "b")] == ["COMPLETED", "PRUNED"]
     for picture in ("summary.png", "optimization_history.png", "param_importances.png"):
         assert_picture(tmp_path / "a" / picture)
+
+
+@pytest.mark.slow
+def test_a_search_killed_in_every_trial_ends_as_one_never_stopped(tmp_path: Path) -> None:
+    """Each trial is killed (SIGKILL to the whole group) once mid-training; after each kill the
+    same command resumes the killed trial in its folder. The study holds the same trials,
+    parameters and values, and each trial the same weights and metrics, as a search that was
+    never stopped."""
+    import optuna
+
+    # Quoted: the comma is oc.select's, not a sweep's. The search checks its settings first,
+    # where no trial has a number yet.
+    marker = Path("'killed-" + "${oc.select:optuna_trial.number,none}'")
+    command = [
+        "--multirun", SEARCH, *QUICK, *SMALL_SHAPE, "model.optimizer.lr=interval(0.001,0.01)",
+        "hydra.sweeper.n_trials=3", "hydra.sweeper.storage=sqlite:///search.db",
+        "hydra.sweeper.study_name=search", "hydra.sweeper.pruner.n_startup_trials=10",
+        "hydra.sweep.dir=sweep", FAULT_TARGETS, *fault("train_step", 6, marker),
+    ]  # fmt: skip
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    reference.mkdir()
+    for number in range(3):  # its faults have fired already: it runs through
+        (reference / f"killed-{number}").touch()
+    code, output = run_killable(command, reference)
+    assert code == 0, output[-3000:]
+    killed_then_finished(command, killed, kills=3)
+
+    def trials(cwd: Path) -> list[tuple[str, dict[str, object], float | None]]:
+        study = optuna.load_study(study_name=None, storage=f"sqlite:///{cwd / 'search.db'}")
+        return [(t.state.name, t.params, t.value) for t in study.get_trials(deepcopy=False)]
+
+    assert [state for state, _, _ in trials(reference)] == ["COMPLETE"] * 3
+    assert trials(killed) == trials(reference)
+    for number in range(3):
+        expected, got = (cwd / "sweep" / str(number) for cwd in (reference, killed))
+        for key in ("state_dict", "optimizer_states", "global_step"):
+            assert_equal(
+                read_last(expected / "checkpoints" / "last.ckpt")[key],
+                read_last(got / "checkpoints" / "last.ckpt")[key],
+                f"trial {number}: {key}",
+            )
+        metrics = [
+            {
+                k: v
+                for k, v in json.loads((run / "metrics.json").read_text()).items()
+                if "perf/" not in k
+            }
+            for run in (expected, got)
+        ]
+        assert metrics[0] == metrics[1], f"trial {number}"
+    rows = [
+        [(row["job"], row["overrides"], row["status"]) for row in summary_rows(cwd / "sweep")]
+        for cwd in (reference, killed)
+    ]
+    assert rows[0] == rows[1]
 
 
 @pytest.mark.slow
@@ -421,6 +488,23 @@ def test_a_range_search_dimension_keeps_hydras_values_without_an_optuna_warning(
         warnings.simplefilter("error")
         dimension = distribution(override)
     assert (dimension.low, dimension.high, dimension.step) == (10, 90, 10)  # type: ignore[attr-defined]
+
+
+def test_a_job_whose_override_holds_an_interpolation_is_summarized_as_written(
+    tmp_path: Path,
+) -> None:
+    """Only the job's own config resolves it (the summary was lost, and with it a failed
+    sweep's exit code)."""
+    written = "callbacks.step_checkpoint.filename='s${trainer.max_epochs}-{step}'"
+    for job, seed in enumerate((1, 2)):
+        (tmp_path / str(job) / ".hydra").mkdir(parents=True)
+        overrides = OmegaConf.create([f"seed={seed}", written])
+        OmegaConf.save(overrides, tmp_path / str(job) / ".hydra" / "overrides.yaml")
+    rows = collect_jobs(tmp_path)
+    assert [row["overrides"] for row in rows] == ["seed=1", "seed=2"]
+    (tmp_path / "1" / ".hydra" / "overrides.yaml").unlink()
+    (single,) = collect_jobs(tmp_path)
+    assert single["overrides"] == f"seed=1 {written}"
 
 
 def test_sweep_labels_are_short_names_and_values_rounded_to_three_places() -> None:

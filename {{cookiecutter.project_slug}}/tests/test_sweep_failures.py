@@ -5,10 +5,15 @@ Each runs the real command line in a subprocess."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+
+from {{ cookiecutter.package_name }}.run_lock import (
+    hold,
+)
 
 from .helpers import PACKAGE, run_cli
 from .test_scale_out import PINNED, QUICK, SEARCH, SHORT_RUN, assert_picture, summary_rows
@@ -110,11 +115,11 @@ def test_a_failed_job_leaves_the_summary_and_one_error_line(tmp_path: Path) -> N
 
 
 def test_a_failed_trial_fails_the_search_after_its_summary(tmp_path: Path) -> None:
-    """Trials sampled from batch sizes 0 (which fails) and 16: with the sampler's seed 0 the
-    second of three is 0."""
+    """Trials sampled from batch sizes 0 (which fails) and 16: with the sampler's seed 1 the
+    second of three is 0 (each trial is sampled with the seed plus its number)."""
     pinned = [o for o in PINNED if not o.startswith("data.batch_size=")]
     result = run_cli(
-        *search(tmp_path, *pinned, *SHORT_RUN, "model.optimizer.lr=0.003", "hydra.sweeper.seed=0",
+        *search(tmp_path, *pinned, *SHORT_RUN, "model.optimizer.lr=0.003", "hydra.sweeper.seed=1",
                 "hydra.sweeper.n_trials=2", "data.batch_size=choice(0,16)"),
         cwd=tmp_path,
     )  # fmt: skip
@@ -151,3 +156,24 @@ def test_a_study_kept_in_memory_is_refused_the_folder_of_its_last_launch(tmp_pat
     line = error_line(again.stderr)
     assert "holds trials up to #2" in line and "hydra.sweep.dir=" in line, line
     assert sorted(str(p) for p in tmp_path.rglob("*")) == folder
+
+
+def test_a_search_started_beside_itself_is_refused_before_it_touches_the_study(
+    tmp_path: Path,
+) -> None:
+    """Its trials left running are the other launch's, not a crash's: they stay as they are."""
+    import optuna
+
+    with hold(tmp_path / "sweep"):  # this process stands for the search already running
+        storage = f"sqlite:///{tmp_path / 'search.db'}"
+        result = run_cli(*search(tmp_path, "hydra.sweeper.n_trials=1"), cwd=tmp_path)
+        assert result.returncode == 1
+        assert f"in use by process {os.getpid()}" in error_line(result.stderr)
+        assert "hydra.sweep.dir=<folder>" in result.stderr
+        (name,) = optuna.get_all_study_names(storage)
+        study = optuna.load_study(study_name=name, storage=storage)
+        running = study.ask()
+        again = run_cli(*search(tmp_path, "hydra.sweeper.n_trials=1"), cwd=tmp_path)
+        assert again.returncode == 1
+    assert study.trials[running.number].state == optuna.trial.TrialState.RUNNING
+    assert not list((tmp_path / "sweep").glob("*/.hydra"))

@@ -41,8 +41,9 @@ def holder(folder: Path) -> str | None:
 
 
 @contextmanager
-def hold(folder: Path) -> Iterator[None]:
-    """Hold `folder` for this command, or refuse with one line naming the process holding it."""
+def hold(folder: Path, elsewhere: str = "pick another run_name=...") -> Iterator[None]:
+    """Hold `folder` for this command, or refuse with one line naming the process holding it
+    (and `elsewhere`, how to run somewhere else)."""
     if not first_process():
         yield
         return
@@ -56,8 +57,7 @@ def hold(folder: Path) -> Iterator[None]:
             pid = owner.split()[0] if owner else "<pid>"
             raise ConfigError(
                 f"{folder} is in use by process {owner or 'another process'} (the same command, "
-                f"still running): wait for it to end, stop it (kill {pid}), or pick another "
-                "run_name=..."
+                f"still running): wait for it to end, stop it (kill {pid}), or {elsewhere}"
             ) from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)

@@ -194,7 +194,9 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job directory; `overrides` keeps what tells the jobs apart."""
     jobs = []
     for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
-        overrides = [str(o) for o in OmegaConf.load(overrides_file) or []]
+        # As written: an override may hold an interpolation that only its job's config resolves.
+        stored = OmegaConf.to_container(OmegaConf.load(overrides_file), resolve=False)
+        overrides = [str(o) for o in stored or []]
         jobs.append((overrides_file.parents[1], [o for o in overrides if "optuna_trial." not in o]))
     shared = (
         set.intersection(*(set(overrides) for _, overrides in jobs)) if len(jobs) > 1 else set()

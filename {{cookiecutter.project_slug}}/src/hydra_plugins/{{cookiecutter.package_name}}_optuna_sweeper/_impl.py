@@ -25,6 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
 )
+from {{ cookiecutter.package_name }}.run_lock import (
+    hold,
+)
 from {{ cookiecutter.package_name }}.sweeps import (
     record_job_status,
 )
@@ -32,6 +35,7 @@ from {{ cookiecutter.package_name }}.sweeps import (
 log = logging.getLogger(__name__)
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+AnyTrial = optuna.Trial | optuna.trial.FrozenTrial
 # In the sweep folder: the study whose trials it holds, and the settings that define that study.
 STUDY_RECORD = "optuna_study.json"
 
@@ -216,23 +220,53 @@ class OptunaSweeperImpl:
             if self.pruner
             else optuna.pruners.NopPruner()
         )
-        study = optuna.create_study(
+        return optuna.create_study(
             study_name=self.name,
             storage=self.storage,
+            sampler=optuna.samplers.TPESampler(seed=self.seed),
             pruner=pruner,
             direction=self.direction,  # type: ignore[arg-type]
             load_if_exists=True,
         )
-        # A continued study samples on from where it stopped, not from its seed again (which
-        # would repeat the parameters of its first trials).
-        seed = None if self.seed is None else self.seed + len(study.trials)
-        study.sampler = optuna.samplers.TPESampler(seed=seed)
+
+    def _left_running(
+        self, study: optuna.Study, space: dict[str, Any]
+    ) -> list[optuna.trial.FrozenTrial]:
+        """The trials an earlier launch started and never finished (it was killed, or lost its
+        node): each is resumed in its own folder, from its newest checkpoint, with its
+        parameters. One without this search's parameters cannot be, and is marked failed."""
+        left = []
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if trial.params.keys() == space.keys():
+                left.append(trial)
+                continue
             log.warning(
-                "Trial %d was left running by an earlier launch: marked failed.", trial.number
+                "Trial %d was left running by an earlier launch without this search's "
+                "parameters: marked failed.",
+                trial.number,
             )
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        return study
+        return left
+
+    def _ask(self, study: optuna.Study, space: dict[str, Any]) -> optuna.Trial:
+        """The next trial, sampled with the seed plus its number: a search stopped and run again
+        samples what it would have sampled, and a continued one never repeats its first trials."""
+        if self.seed is not None:
+            study.sampler = optuna.samplers.TPESampler(seed=self.seed + len(study.trials))
+        return study.ask(space)
+
+    def _next_batch(
+        self, study: optuna.Study, space: dict[str, Any], left: list[optuna.trial.FrozenTrial]
+    ) -> list[AnyTrial]:
+        """Trials left running first, consecutive ones together (their jobs take the folders
+        numbered from the first), then new ones, up to n_jobs at a time."""
+        if left:
+            batch: list[AnyTrial] = [left.pop(0)]
+            while left and len(batch) < self.n_jobs and left[0].number == batch[-1].number + 1:
+                batch.append(left.pop(0))
+            return batch
+        done = len(study.get_trials(deepcopy=False, states=FINISHED))
+        return [self._ask(study, space) for _ in range(min(self.n_jobs, self.n_trials - done))]
 
     def sweep(self, arguments: list[str]) -> None:
         for key in ("n_jobs", "max_failures_in_a_row"):
@@ -254,19 +288,24 @@ class OptunaSweeperImpl:
         self._check_trial_config(fixed, space)
         study = self._study()
         self._check_trials_known(sweep_dir, study)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / STUDY_RECORD).write_text(json.dumps(study_record, indent=2) + "\n")
+        with hold(sweep_dir, elsewhere="give it hydra.sweep.dir=<folder>"):
+            (sweep_dir / STUDY_RECORD).write_text(json.dumps(study_record, indent=2) + "\n")
+            self._run_trials(study, space, fixed)
+
+    def _run_trials(self, study: optuna.Study, space: dict[str, Any], fixed: list[str]) -> None:
+        left = self._left_running(study, space)
         done = len(study.get_trials(deepcopy=False, states=FINISHED))
-        if done:
+        if done or left:
             log.info(
-                "Study %r continues: %d of %d trials finished.",
+                "Study %r continues: %d of %d trials finished%s.",
                 self.name,
                 done,
                 self.n_trials,
+                f", resuming {', '.join(str(t.number) for t in left)}" if left else "",
             )
         failed_in_a_row = 0
-        while done < self.n_trials:
-            trials = [study.ask(space) for _ in range(min(self.n_jobs, self.n_trials - done))]
+        while left or done < self.n_trials:
+            trials = self._next_batch(study, space, left)
             batch = [fixed + self._trial_overrides(trial) for trial in trials]
             # Job directories by trial number: a continued study never reuses a finished trial's.
             returns = self.launcher.launch(batch, initial_job_idx=trials[0].number)
@@ -285,7 +324,7 @@ class OptunaSweeperImpl:
                 break
         self._report(study)
 
-    def _trial_overrides(self, trial: optuna.Trial) -> list[str]:
+    def _trial_overrides(self, trial: AnyTrial) -> list[str]:
         overrides = [f"{key}={quote(value)}" for key, value in trial.params.items()]
         overrides.append(f"++optuna_trial.number={trial.number}")
         overrides.append(f"++optuna_trial.trial_id={trial._trial_id}")
@@ -298,14 +337,14 @@ class OptunaSweeperImpl:
         return overrides
 
     def _tell(
-        self, study: optuna.Study, trial: optuna.Trial, job: JobReturn
+        self, study: optuna.Study, trial: AnyTrial, job: JobReturn
     ) -> optuna.trial.TrialState:
         """Tell the study how the trial's job ended; returns the trial's state."""
         state = optuna.trial.TrialState.FAIL
         if job.status == JobStatus.COMPLETED:
             value = job.return_value
             if isinstance(value, (int, float)) and math.isfinite(value):
-                study.tell(trial, float(value))
+                study.tell(trial.number, float(value))
                 log.info("Trial %d: %s", trial.number, value)
                 return optuna.trial.TrialState.COMPLETE
             reason = (
@@ -321,7 +360,7 @@ class OptunaSweeperImpl:
             log.info("Trial %d pruned: %s", trial.number, job._return_value)
         else:
             log.error("Trial %d failed: %r", trial.number, job._return_value)
-        study.tell(trial, state=state)
+        study.tell(trial.number, state=state)
         return state
 
     def _report(self, study: optuna.Study) -> None:
