@@ -4,9 +4,12 @@ command, LoRA fine-tuning from a trained checkpoint (kill-safe like any run), me
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -272,6 +275,44 @@ def test_predict_streams_one_prompt_and_writes_many_the_same_with_a_seed(
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = [json.loads(line) for line in (tmp_path / "single" / "predictions.jsonl").open()]
     assert "def main(" + row["completion"] + "\n" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_predict_run_again_writes_its_predictions_in_the_same_folder(
+    base: Path, tmp_path: Path
+) -> None:
+    """Killed while it waits for its prompts (on standard input), the same command run again
+    writes into the folder the first one made what a command never killed writes."""
+    args = [sys.executable, *entry("predict"), f"ckpt_path={base}", "prompt_file=/dev/stdin",
+            "seed=3", "max_new_tokens=20"]  # fmt: skip
+    prompts = "def main(\nclass Config:\n"
+    never_killed, killed = tmp_path / "never_killed", tmp_path / "killed"
+
+    def predict(cwd: Path) -> list[dict[str, str]]:
+        cwd.mkdir(exist_ok=True)
+        result = subprocess.run(
+            args, cwd=cwd, input=prompts, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        (folder,) = (cwd / "logs" / "predict" / "runs").iterdir()
+        return [json.loads(line) for line in (folder / "predictions.jsonl").open()]
+
+    killed.mkdir()
+    waiting = subprocess.Popen(
+        args, cwd=killed, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(killed.glob("logs/predict/runs/*/predict.log")):
+        assert waiting.poll() is None and time.monotonic() < deadline, "it never started"
+        time.sleep(0.2)
+    time.sleep(1)
+    os.killpg(waiting.pid, signal.SIGKILL)
+    waiting.wait()
+    assert waiting.stdin is not None
+    waiting.stdin.close()
+    assert not list(killed.glob("logs/predict/runs/*/predictions.jsonl"))
+    assert predict(killed) == predict(never_killed)
 
 
 @pytest.mark.slow
