@@ -41,7 +41,7 @@ from {{ cookiecutter.package_name }}.sweeps import (
 )
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config
+from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config, run_cli
 {%- if cookiecutter.examples == "language" %}
 
 SHORT_RUN = [
@@ -209,6 +209,16 @@ def test_a_list_of_gpu_indices_is_taken_as_that_many_devices(train_config: Compo
         cfg.trainer.accelerator = "gpu"
     assert (gpus_per_node(_root_=one), gpus_per_node(_root_=two)) == (1, 2)
     assert not launches_ddp_subprocesses(one) and launches_ddp_subprocesses(two)
+
+
+def test_a_slurm_job_needs_a_number_of_gpus_not_auto(tmp_path: Path) -> None:
+    result = run_cli(
+        "-m", PACKAGE, "-m", "hydra/launcher=slurm", "trainer=gpu", "trainer.devices=auto",
+        "seed=1", cwd=tmp_path,
+    )  # fmt: skip
+    (line,) = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "trainer.devices=<GPUs per node>" in line, result.stderr
+    assert not list(tmp_path.iterdir()), "nothing written"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")

@@ -99,7 +99,15 @@ def gpus_per_node(*, _root_: DictConfig) -> int | None:
     if str(trainer.accelerator) == "cpu":
         return None
     devices = trainer.devices
-    return len(devices) if isinstance(devices, ListConfig) else int(devices)
+    if isinstance(devices, ListConfig):
+        return len(devices)
+    try:
+        return int(devices)
+    except ValueError:
+        raise ValueError(
+            f"trainer.devices={devices}: a SLURM job asks for a number of GPUs per node, give it "
+            "as trainer.devices=<GPUs per node>"
+        ) from None
 
 
 def register_run_name_resolver() -> None:
