@@ -32,7 +32,6 @@ from .helpers import PACKAGE, PROJECT_ROOT, ComposeFn, run_cli
 from .killing import (
     FAULT_TARGETS,
     SMALL_RUN,
-    SMALL_SHAPE,
     assert_equal,
     assert_same_outcome,
     fault,
@@ -270,26 +269,27 @@ def test_a_search_killed_in_every_trial_ends_as_one_never_stopped(tmp_path: Path
     # where no trial has a number yet.
     marker = Path("'killed-" + "${oc.select:optuna_trial.number,none}'")
     command = [
-        "--multirun", SEARCH, *QUICK, *SMALL_SHAPE, "model.optimizer.lr=interval(0.001,0.01)",
-        "hydra.sweeper.n_trials=3", "hydra.sweeper.storage=sqlite:///search.db",
+        "--multirun", SEARCH, *QUICK, *SHORT_RUN, "callbacks.step_checkpoint.every_n_train_steps=4",
+        "model.optimizer.lr=interval(0.001,0.01)", "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.storage=sqlite:///search.db",
         "hydra.sweeper.study_name=search", "hydra.sweeper.pruner.n_startup_trials=10",
         "hydra.sweep.dir=sweep", FAULT_TARGETS, *fault("train_step", 6, marker),
     ]  # fmt: skip
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     reference.mkdir()
-    for number in range(3):  # its faults have fired already: it runs through
+    for number in range(2):  # its faults have fired already: it runs through
         (reference / f"killed-{number}").touch()
     code, output = run_killable(command, reference)
     assert code == 0, output[-3000:]
-    killed_then_finished(command, killed, kills=3)
+    killed_then_finished(command, killed, kills=2)
 
     def trials(cwd: Path) -> list[tuple[str, dict[str, object], float | None]]:
         study = optuna.load_study(study_name=None, storage=f"sqlite:///{cwd / 'search.db'}")
         return [(t.state.name, t.params, t.value) for t in study.get_trials(deepcopy=False)]
 
-    assert [state for state, _, _ in trials(reference)] == ["COMPLETE"] * 3
+    assert [state for state, _, _ in trials(reference)] == ["COMPLETE"] * 2
     assert trials(killed) == trials(reference)
-    for number in range(3):
+    for number in range(2):
         expected, got = (cwd / "sweep" / str(number) for cwd in (reference, killed))
         for key in ("state_dict", "optimizer_states", "global_step"):
             assert_equal(
