@@ -59,6 +59,23 @@ def test_settings_that_every_job_shares_are_refused_before_any_job(
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "no sweep folder, no study"
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "hydra.sweeper.n_trials=0",
+        "hydra.sweeper.n_jobs=-1",
+        "hydra.sweeper.max_failures_in_a_row=0",
+    ],
+)
+def test_search_settings_it_cannot_use_are_refused_before_anything_is_written(
+    tmp_path: Path, setting: str
+) -> None:
+    result = run_cli(*search(tmp_path), setting, cwd=tmp_path)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(f"error: {setting}: use a whole number of 1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no sweep folder, no study"
+
+
 def test_a_search_whose_trials_all_fail_stops_after_three_in_a_row(tmp_path: Path) -> None:
     result = run_cli(
         *search(tmp_path, "data.batch_size=0", "hydra.sweeper.n_trials=5"), cwd=tmp_path

@@ -269,7 +269,7 @@ class OptunaSweeperImpl:
         return [self._ask(study, space) for _ in range(min(self.n_jobs, self.n_trials - done))]
 
     def sweep(self, arguments: list[str]) -> None:
-        for key in ("n_jobs", "max_failures_in_a_row"):
+        for key in ("n_trials", "n_jobs", "max_failures_in_a_row"):
             if getattr(self, key) < 1:
                 raise ConfigError(
                     f"hydra.sweeper.{key}={getattr(self, key)}: use a whole number of 1 or more."
