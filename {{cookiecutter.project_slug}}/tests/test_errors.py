@@ -184,6 +184,10 @@ TRAIN_CASES = {
     "negative gradient clip": (["trainer.gradient_clip_val=-1"], ["gradient_clip_val=-1"]),
     "batch limit above 1.0": (["trainer.limit_train_batches=1.5"], ["limit_train_batches=1.5", "fraction"]),
     "negative batch limit": (["trainer.limit_val_batches=-2"], ["limit_val_batches=-2"]),
+    "no training batches": (["trainer.limit_train_batches=0"], ["limit_train_batches=0", "trains nothing"]),
+    "no validation batches": (["trainer.limit_val_batches=0.0"], ["limit_val_batches=0.0", "validates nothing"]),
+    "validating every 0 batches": (["trainer.val_check_interval=0"], ["val_check_interval=0", "1 or more"]),
+    "validating every 1.5 epochs": (["trainer.val_check_interval=1.5"], ["val_check_interval=1.5", "fraction"]),
 {%- if cookiecutter.examples != "language" %}
     "model_parallel for a model without configure_model": (["strategy=model_parallel", "trainer.strategy.data_parallel_size=1", "trainer.devices=1"], ["strategy=model_parallel needs", "ImageClassifier has none"]),
 {%- endif %}

@@ -35,12 +35,40 @@ def check_whole(key: str, value: Any, low: int, allowed: tuple[Any, ...] = (None
         raise refuse(key, value, f"use a whole number of {low} or more{alternatives}")
 
 
-def check_limit(key: str, value: Any) -> None:
-    """Lightning's limit_*_batches: a count, or a fraction between 0 and 1."""
-    if value is None or (whole(value) and value >= 0):
+# Batches a run cannot do without: none would train nothing, or validate nothing where the best
+# checkpoint and early stopping read the validation's metric (Lightning's traceback).
+NEEDED_BATCHES = {
+    "train": "0 trains nothing",
+    "val": "0 validates nothing, and the best checkpoint and early stopping read validation",
+}
+
+
+def check_limit(key: str, value: Any, why_not_none: str | None = None) -> None:
+    """Lightning's limit_*_batches: a count, or a fraction between 0 and 1; above 0 where the run
+    needs such batches (`why_not_none` says why)."""
+    low = 0 if why_not_none is None else 1
+    if value is None or (whole(value) and value >= low):
         return
-    if not number(value) or not 0.0 <= value <= 1.0:
-        raise refuse(key, value, "use a whole number of batches, or a fraction from 0.0 to 1.0")
+    if not number(value) or not 0.0 <= value <= 1.0 or (low and value == 0):
+        rule = (
+            "use a whole number of batches, or a fraction from 0.0 to 1.0"
+            if low == 0
+            else f"use 1 or more batches, or a fraction above 0.0 up to 1.0 ({why_not_none})"
+        )
+        raise refuse(key, value, rule)
+
+
+def check_val_check_interval(value: Any) -> None:
+    """Validate every `value` training batches, or that fraction of an epoch."""
+    if value is None or (whole(value) and value >= 1):
+        return
+    if not number(value) or not 0.0 < value <= 1.0:
+        raise refuse(
+            "trainer.val_check_interval",
+            value,
+            "use a whole number of 1 or more training batches, a fraction of an epoch above 0.0 "
+            "up to 1.0, or null",
+        )
 
 
 def check_trainer(trainer: DictConfig) -> None:
@@ -70,7 +98,9 @@ def check_trainer(trainer: DictConfig) -> None:
     if clip is not None and (not number(clip) or not clip >= 0):
         raise refuse("trainer.gradient_clip_val", clip, "use a number of 0 or more, or null")
     for split in ("train", "val", "test", "predict"):
-        check_limit(f"trainer.limit_{split}_batches", trainer.get(f"limit_{split}_batches"))
+        key = f"limit_{split}_batches"
+        check_limit(f"trainer.{key}", trainer.get(key), NEEDED_BATCHES.get(split))
+    check_val_check_interval(trainer.get("val_check_interval"))
 
 
 def check_learning_rate(cfg: DictConfig) -> None:
