@@ -145,9 +145,14 @@ TRAIN_CASES = {
     "context of 0": (["experiment=language", "data.block_size=0"], ["data.block_size=0", "1 or more"]),
     "model context shorter than the data's": (["experiment=language", "model.net.block_size=64"], ["data.block_size=128", "model.net.block_size=64"]),
     "held-out shares leaving no text": (["experiment=language", "data.test_fraction=0.99"], ["data.test_fraction=0.99", "nothing to train on"]),
+    "a model narrower than one": (["experiment=language", "model.net.n_embd=0"], ["n_embd=0", "1 or more"]),
+    "a vocabulary smaller than the data's": (["experiment=language", "model.net.vocab_size=10"], ["model.net.vocab_size=10", "256 or more"]),
+    "a batch larger than the text": (["experiment=language", "data.batch_size=1000000"], ["no batch", "data.batch_size=1000000"]),
 {%- endif %}
 {%- if cookiecutter.examples != "language" %}
     "held-out share above 1": (["experiment=digits", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "fraction"]),
+    "a batch larger than the data set": (["experiment=digits", "data.batch_size=100000"], ["no batch", "data.batch_size=100000"]),
+    "validating after more batches than an epoch has": (["experiment=digits", "trainer.val_check_interval=100000"], ["val_check_interval=100000", "check_val_every_n_epoch=null"]),
 {%- endif %}
     "negative weight decay": (["model.optimizer.weight_decay=-1"], ["model.optimizer.weight_decay=-1", "0 or more"]),
 {%- if cookiecutter.examples != "vision" %}

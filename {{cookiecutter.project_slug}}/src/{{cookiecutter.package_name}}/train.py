@@ -79,6 +79,43 @@ def check_strategy_fits(cfg: DictConfig, model: L.LightningModule) -> None:
         )
 
 
+def check_vocabulary(datamodule: L.LightningDataModule, net: Any) -> None:
+    """A model that has no embedding for some of the data's tokens fails on the first one."""
+    data_tokens = getattr(datamodule, "vocab_size", None)
+    model_tokens = getattr(net, "vocab_size", None)
+    if not isinstance(data_tokens, int) or not isinstance(model_tokens, int):
+        return
+    if model_tokens < data_tokens:
+        raise ConfigError(
+            f"model.net.vocab_size={model_tokens} is smaller than the data's vocabulary "
+            f"({data_tokens} tokens): set it to {data_tokens} or more."
+        )
+
+
+@contextmanager
+def fit_setting_errors(cfg: DictConfig) -> Iterator[None]:
+    """What Lightning finds only once it counts the training batches, as one line."""
+    try:
+        yield
+    except ValueError as error:
+        if "`val_check_interval`" not in str(error):
+            raise
+        interval = cfg.trainer.get("val_check_interval")
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is more than the training batches of an "
+            "epoch: lower it, or set trainer.check_val_every_n_epoch=null to count batches "
+            "across epochs."
+        ) from error
+
+
+def check_trained_something(trainer: L.Trainer, cfg: DictConfig) -> None:
+    if trainer.num_training_batches == 0:
+        raise ConfigError(
+            f"the training data gives no batch of data.batch_size={cfg.data.get('batch_size')} "
+            "(a batch that is not full is dropped): lower data.batch_size, or give more data."
+        )
+
+
 def log_memory_plan(cfg: DictConfig, precision: str, accelerator: str, trainer: L.Trainer) -> None:
     if not trainer.is_global_zero:
         return
@@ -311,6 +348,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         datamodule = instantiate(cfg.data)
         model = instantiate(cfg.model)
     check_fp8(cfg, machine.accelerator, model.net)
+    check_vocabulary(datamodule, getattr(model, "net", None))
     check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
@@ -335,9 +373,10 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     else:
         progress.restores_progress = start.resumed
         progress.restores_stop = not finished.get("fit_finished")
-        with bad_data_leaves_no_logs(trainer, output_dir, found):
+        with bad_data_leaves_no_logs(trainer, output_dir, found), fit_setting_errors(cfg):
             before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
             trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
+            check_trained_something(trainer, cfg)
         metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
         metrics.update(before)
         if before and trainer.is_global_zero:

@@ -113,6 +113,13 @@ class GPT(nn.Module):
         activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        sizes = dict(vocab_size=vocab_size, block_size=block_size, n_head=n_head, n_embd=n_embd)
+        for name, size in sizes.items():
+            if size < 1:
+                raise ValueError(f"{name}={size} must be 1 or more")
+        if n_layer < 0:
+            raise ValueError(f"n_layer={n_layer} must be 0 or more")
+        self.vocab_size = vocab_size
         self.block_size = block_size
         self.activation_checkpointing = activation_checkpointing
         self.n_layer = n_layer
