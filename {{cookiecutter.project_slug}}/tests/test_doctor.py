@@ -203,3 +203,11 @@ def test_outside_a_slurm_job_the_doctor_says_so(monkeypatch: pytest.MonkeyPatch)
 def test_a_setting_a_run_would_refuse_is_a_warning(setting: str, words: str) -> None:
     _, problems = doctor.diagnose(["trainer=cpu", setting])
     assert any(p.startswith("a run would refuse this config") and words in p for p in problems)
+
+
+def test_an_unknown_option_gets_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        doctor.main(["--bogus"])
+    assert ended.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: unrecognized arguments: --bogus")

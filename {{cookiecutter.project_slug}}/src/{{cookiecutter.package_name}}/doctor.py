@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -311,8 +311,15 @@ def render(fields: dict[str, str], problems: list[str]) -> str:
     return "\n".join(lines)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments as the other commands report bad input: one `error:` line, exit status 1."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"error: {message} (see {self.prog} --help).\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=f"{PACKAGE}-doctor",
         description="Check this machine for training: versions, GPUs, bf16 and FP8, NCCL, disk, "
         "and the accelerator, precision and strategy a run would pick. Exit status 1 when "
