@@ -122,6 +122,14 @@ def test_a_finished_run_is_extended_by_a_higher_limit_and_extend_true(tmp_path: 
     assert written[1] == written[0], "the finished extended run was left as it was"
     assert "already finished" in extended.stdout + extended.stderr
 
+    run_files = [last, last.parents[1] / "metrics.json", last.parents[1] / "run_overrides.json"]
+    before = [path.read_bytes() for path in run_files]
+    lower = run_cli("-m", PACKAGE, *base, LIMITS[0], "extend=true", cwd=tmp_path)
+    assert lower.returncode == 1
+    (line,) = lower.stderr.strip().splitlines()
+    assert line.startswith(f"error: {LIMITS[0]} with extend=true") and "already trained" in line
+    assert [path.read_bytes() for path in run_files] == before, "the run was left as it was"
+
 
 def test_a_run_started_from_a_checkpoint_gets_its_own_directory(tmp_path: Path) -> None:
     """`ckpt_path=` is part of the run's name: the command that adds it to a finished run's

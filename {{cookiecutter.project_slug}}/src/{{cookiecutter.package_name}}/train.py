@@ -22,6 +22,7 @@ from .callbacks import ExactResume, RunConfigInCheckpoint
 from .callbacks.exact_resume import fit_state
 from .callbacks.preemption import stop
 from .checkpoints import (
+    UNREADABLE,
     check_same_model,
     finish_checkpoint_writes,
     newest_valid_checkpoint,
@@ -236,6 +237,26 @@ def identifying_overrides() -> list[str] | None:
     return identifying(hydra.overrides.task, list(hydra.job.config.override_dirname.exclude_keys))
 
 
+def check_limits_ahead(cfg: DictConfig, last: Path) -> None:
+    """`extend=true` trains a run further: a limit the run has already reached would have
+    Lightning refuse it mid-start, or end it at once as finished at the lower limit."""
+    try:
+        state = read_fit_state(last)
+    except (*UNREADABLE, OSError):
+        return  # nothing to compare with: the run resumes from what loads, or starts fresh
+    reached = {
+        "trainer.max_epochs": (int(state.get("epoch", 0)), "epochs"),
+        "trainer.max_steps": (int(state.get("global_step", 0)), "steps"),
+    }
+    for key, (done, unit) in reached.items():
+        limit = OmegaConf.select(cfg, key, default=None)
+        if isinstance(limit, int) and 0 <= limit <= done:
+            raise ConfigError(
+                f"{key}={limit} with extend=true: the run has already trained {done} {unit}; "
+                f"give a higher limit to train it further (its results stay as they are)."
+            )
+
+
 def check_run_identity(cfg: DictConfig) -> None:
     """A run directory holds one run. The overrides it was started with are recorded in it, and a
     different command that comes to the same directory (an explicit run_name=..., an Optuna trial of
@@ -259,6 +280,7 @@ def check_run_identity(cfg: DictConfig) -> None:
             )
         if recorded == overrides:
             return
+        check_limits_ahead(cfg, path.parent / "checkpoints" / "last.ckpt")
         # New limits: the run is no longer finished (metrics.json goes before they are recorded,
         # so a kill in between leaves a run that trains on, never one finished at the old limit).
         (path.parent / "metrics.json").unlink(missing_ok=True)
