@@ -61,6 +61,23 @@ def output_path(cfg: DictConfig, fmt: str) -> Path:
     return Path(cfg.paths.output_dir) / f"model.{FORMATS[fmt]}"
 
 
+def check_output(path: Path, fmt: str, checkpoint: Path) -> None:
+    """A file the export may replace: not a folder, a device or the checkpoint it reads, and
+    named for its format where the name says one."""
+    if path.is_dir():
+        raise ConfigError(f"output={path} is a folder: give a file path, e.g. {path / 'model'}.")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"output={path} is not a regular file (a device or a pipe): give a file.")
+    if path == checkpoint or checkpoint in path.parents:
+        raise ConfigError(f"output={path} is the checkpoint being exported: give another file.")
+    named = {suffix: name for name, suffix in FORMATS.items()}.get(path.suffix.lstrip("."))
+    if named is not None and named != fmt:
+        raise ConfigError(
+            f"output={path} names a {named} file, but format={fmt}: add format={named}, or name "
+            f"it {path.with_suffix('.' + FORMATS[fmt]).name}."
+        )
+
+
 def check_tolerance(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ConfigError(f"tolerance={value!r}: use a number, 0 or more (e.g. 1e-4).")
@@ -122,8 +139,7 @@ def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"format={fmt}: use one of {', '.join(FORMATS)}.")
     tolerance = check_tolerance(cfg.tolerance)
     path = output_path(cfg, fmt)
-    if path.is_dir():
-        raise ConfigError(f"output={path} is a folder: give a file path, e.g. {path / 'model'}.")
+    check_output(path, fmt, Path(str(cfg.ckpt_path)).expanduser().resolve())
     trained = rebuild(cfg)
     net: nn.Module = trained.model.net  # type: ignore[assignment]
     merged = merge(net)
