@@ -123,6 +123,10 @@ def written(tmp_path: Path) -> Path:
     torch.save({"state_dict": weights, "run_config": "data: []"}, folder / "run_config_text.ckpt")
     no_model = {"state_dict": weights, "run_config": dict(data=dict())}
     torch.save(no_model, folder / "run_config_no_model.ckpt")
+    for name, value in (("interpolation", "${nonexistent.key}"), ("missing_value", "???")):
+        stored = dict(data=dict(size=value), model=dict())
+        checkpoint = {"state_dict": weights, "run_config": stored}
+        torch.save(checkpoint, folder / f"run_config_{name}.ckpt")
     (folder / "unreadable").mkdir()
     for name in UNREADABLE_FILES:
         (folder / "unreadable" / name).symlink_to(UNREADABLE_FILE)
@@ -151,6 +155,8 @@ TRAIN_CASES = {
 {%- endif %}
 {%- if cookiecutter.examples != "language" %}
     "held-out share above 1": (["experiment=digits", "data.val_fraction=1.5"], ["data.val_fraction=1.5", "fraction"]),
+    "nothing held out to validate on": (["experiment=digits", "data.val_fraction=0"], ["data.val_fraction=0", "above 0"]),
+    "too few samples held out to validate on": (["experiment=digits", "data.val_fraction=0.0001"], ["data.val_fraction=0.0001", "holds none"]),
     "a batch larger than the data set": (["experiment=digits", "data.batch_size=100000"], ["no batch", "data.batch_size=100000"]),
     "validating after more batches than an epoch has": (["experiment=digits", "trainer.val_check_interval=100000"], ["val_check_interval=100000", "check_val_every_n_epoch=null"]),
 {%- endif %}
@@ -252,6 +258,8 @@ EVAL_CASES = {
     "NaN and infinite weights": ("{dir}/diverged.ckpt", ["NaN or infinite", "w, v"]),
     "run_config as text": ("{dir}/run_config_text.ckpt", ["malformed run_config"]),
     "run_config without a model": ("{dir}/run_config_no_model.ckpt", ["malformed run_config"]),
+    "run_config with a dangling interpolation": ("{dir}/run_config_interpolation.ckpt", ["malformed run_config", "nonexistent.key"]),
+    "run_config with a missing value": ("{dir}/run_config_missing_value.ckpt", ["malformed run_config"]),
     "checkpoint naming code outside the allowlist": ("{dir}/evil_run_config.ckpt", ["os.system", "not allowed"]),
 }  # fmt: skip
 

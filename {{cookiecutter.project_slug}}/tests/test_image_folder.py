@@ -293,6 +293,20 @@ def test_a_run_on_a_file_that_does_not_decode_is_one_line_and_leaves_no_run_fold
     assert not (tmp_path / "logs" / "train" / "runs" / "bad").exists()
 
 
+def test_images_too_small_for_the_network_are_one_line_and_leave_no_run_folder(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "images"
+    write_images(root)
+    result = run_cli(
+        "-m", PACKAGE, "experiment=image_folder", f"data.root={root}", "data.image_size=2",
+        "trainer=cpu", "logger=csv", "extras.print_config=false", "run_name=small", cwd=tmp_path,
+    )  # fmt: skip
+    (line,) = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and line.startswith("error: data.image_size=2 is smaller")
+    assert not (tmp_path / "logs").exists()
+
+
 def test_bad_settings_get_one_line(
     folder: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:

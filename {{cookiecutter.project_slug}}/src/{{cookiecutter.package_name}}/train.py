@@ -93,6 +93,15 @@ def check_vocabulary(datamodule: L.LightningDataModule, net: Any) -> None:
         )
 
 
+def check_image_size(datamodule: L.LightningDataModule, net: Any) -> None:
+    size, smallest = getattr(datamodule, "image_size", None), getattr(net, "min_image_size", None)
+    if isinstance(size, int) and isinstance(smallest, int) and size < smallest:
+        raise ConfigError(
+            f"data.image_size={size} is smaller than the {smallest} pixels that the network's "
+            f"poolings halve to one: use {smallest} or more, or fewer model.net.channels."
+        )
+
+
 @contextmanager
 def fit_setting_errors(cfg: DictConfig) -> Iterator[None]:
     """What Lightning finds only once it counts the training batches, as one line."""
@@ -371,6 +380,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         model = instantiate(cfg.model)
     check_fp8(cfg, machine.accelerator, model.net)
     check_vocabulary(datamodule, getattr(model, "net", None))
+    check_image_size(datamodule, getattr(model, "net", None))
     check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)

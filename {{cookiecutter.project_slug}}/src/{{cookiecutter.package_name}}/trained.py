@@ -14,8 +14,9 @@ from typing import Any
 import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from .checkpoints import check_same_model, read_checkpoint
+from .checkpoints import check_same_model, first_line, read_checkpoint
 from .errors import ConfigError
 from .models.lora import is_adapter
 from .recipe_steps import config_errors
@@ -46,7 +47,17 @@ def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, An
             f"ckpt_path={ckpt_path} has a malformed run_config (it should hold the data and model "
             "configs): it was not written by this project's train command."
         )
-    return dict(stored)
+    parts = {part: stored[part] for part in ("data", "model")}
+    try:  # train stores them resolved: an interpolation left in one was put there by hand
+        resolved = OmegaConf.to_container(
+            OmegaConf.create(parts), resolve=True, throw_on_missing=True
+        )
+    except (OmegaConfBaseException, ValueError, TypeError) as error:
+        raise ConfigError(
+            f"ckpt_path={ckpt_path} has a malformed run_config ({first_line(error)}): it was not "
+            "written by this project's train command."
+        ) from None
+    return {**stored, **resolved}  # type: ignore[dict-item]
 
 
 def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:

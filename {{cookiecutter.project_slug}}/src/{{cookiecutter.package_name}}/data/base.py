@@ -22,10 +22,16 @@ from ..errors import ConfigError
 
 
 def check_fractions(val_fraction: Any, test_fraction: Any) -> None:
-    """The shares of the data held out for validation and test leave some to train on."""
+    """The shares of the data held out for validation and test leave some to train on, and some
+    to validate on (the best checkpoint and early stopping read validation)."""
     for key, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ConfigError(f"data.{key}={value!r}: use a fraction from 0 up to below 1.")
+    if val_fraction == 0:
+        raise ConfigError(
+            "data.val_fraction=0 leaves nothing to validate on (the best checkpoint and early "
+            "stopping read validation): use a fraction above 0, e.g. 0.1."
+        )
     if val_fraction + test_fraction >= 1:
         raise ConfigError(
             f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave "
@@ -40,6 +46,11 @@ def split_indices(
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
     val_count = int(count * fractions[0])
     test_count = int(count * fractions[1])
+    if val_count == 0:
+        raise ConfigError(
+            f"data.val_fraction={fractions[0]} of {count} samples holds none to validate on: "
+            "raise it."
+        )
     return (
         order[val_count + test_count :],
         order[:val_count],

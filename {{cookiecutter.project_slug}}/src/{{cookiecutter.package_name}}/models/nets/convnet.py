@@ -23,6 +23,7 @@ class ConvNet(nn.Module):
     ) -> None:
         super().__init__()
         self.channels_last = channels_last
+        self.min_image_size = 2 ** len(channels)  # each block halves the image
         blocks: list[nn.Module] = []
         previous = in_channels
         for width in channels:
