@@ -332,6 +332,15 @@ def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"is not a manifest of this project's token shards"):
         TokenShardDataModule(str(garbled), vocab_size=300)
 
+    for name, tokenizer in (("no_tokenizer", None), ("bad_tokenizer", "garbage")):
+        folder = copy_of(prepared, tmp_path / name)
+        if tokenizer is None:
+            (folder / "tokenizer.json").unlink()
+        else:
+            (folder / "tokenizer.json").write_text(tokenizer)
+        with pytest.raises(ConfigError, match=r"tokenizer\.json (is missing|is not a tokenizer)"):
+            TokenShardDataModule(str(folder), vocab_size=300).setup("fit")
+
 
 def shard_run(path: str) -> list[str]:
     """The tiny GPT on shards of a 300-token BPE, two loader workers: a validation and a step

@@ -197,6 +197,7 @@ class TokenShardDataModule(SplitDataModule):
             )
         else:
             check_shards(self.remote.url, self.manifest, self.remote.size, None)
+        self.load_tokenizer()  # predict and eval need it: a run must not train without it
         block = self.hparams["block_size"]
         splits: dict[str, Dataset[Any]] = {}
         for split in SPLITS:
@@ -251,13 +252,27 @@ class TokenShardDataModule(SplitDataModule):
 
     def load_tokenizer(self) -> TextTokenizer:
         if self.tokenizer is None:
-            text = (
-                self.remote.read_text(TOKENIZER) if self.remote
-                else (self.folder / TOKENIZER).read_text()
-            )  # fmt: skip
+            local = self.folder / TOKENIZER
+            try:
+                text = (
+                    self.remote.read_text(TOKENIZER) if self.remote
+                    else local.read_text() if local.is_file() else None
+                )  # fmt: skip
+            except (OSError, UnicodeDecodeError) as error:
+                reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+                raise ConfigError(
+                    f"{self.where(TOKENIZER)} cannot be read ({reason}): prepare the folder again."
+                ) from None
             if text is None:
                 raise ConfigError(f"{self.where(TOKENIZER)} is missing: prepare the folder again.")
-            self.tokenizer = tokenizer_from_json(text)
+            try:
+                self.tokenizer = tokenizer_from_json(text)
+            except Exception as error:  # the tokenizers library raises plain Exceptions
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise ConfigError(
+                    f"{self.where(TOKENIZER)} is not a tokenizer ({reason}): prepare the folder "
+                    "again."
+                ) from None
         return self.tokenizer
 
 
