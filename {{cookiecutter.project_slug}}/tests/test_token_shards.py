@@ -199,6 +199,7 @@ BAD_PREPARE_SETTINGS = {
     "source not set": (["source="], ["source is not set"]),
     "source null": (["source=null"], ["source is not set"]),
     "output not set": (["output="], ["output is not set"]),
+    "output inside a file": (["output={tmp}/blank.txt/tokens"], ["blank.txt/tokens", "a file"]),
     "workers negative": (["workers=-1"], ["workers=-1", "1 or more, or null"]),
     "workers zero": (["workers=0"], ["workers=0", "1 or more"]),
     "workers a word": (["workers=abc"], ["workers='abc'", "whole number"]),

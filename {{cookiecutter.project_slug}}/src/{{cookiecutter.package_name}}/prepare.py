@@ -328,6 +328,9 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError(
             f"output={output} exists and is not a folder of token shards: pick another output=..."
         )
+    above = next(folder for folder in output.parents if folder.exists())
+    if not above.is_dir():
+        raise ConfigError(f"output={output} is inside {above}, a file: pick another output=...")
     pieces = split_pieces(
         settings["source"], settings["max_bytes"], settings["val_fraction"],
         settings["test_fraction"], output,
@@ -335,7 +338,12 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     tokenizer = build_tokenizer(settings, pieces["train"])
     staging = staging_of(output)
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as error:
+        raise ConfigError(
+            f"output={output} cannot be made ({error.strerror or error}): pick another output=..."
+        ) from None
     try:
         manifest = write_shards(tokenizer, pieces, settings, staging, cfg.workers)
     except BaseException:
