@@ -288,7 +288,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run(
-    command: list[str], cwd: Path, timeout: int = 1800, **env: str
+    command: list[str], cwd: Path, timeout: int = 2700, **env: str
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command,
