@@ -401,3 +401,41 @@ def test_a_killed_prepare_leaves_nothing_that_looks_prepared_and_the_same_comman
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert not staging.exists()
     assert read_manifest(tmp_path / "tokens")["splits"] == read_manifest(prepared)["splits"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is missing
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux parent-death signal")
+@pytest.mark.parametrize("killed", ["after the worker started", "while the worker starts"])
+def test_a_tokenizer_worker_ends_when_the_command_is_killed_alone(killed: str) -> None:
+    """prepare's workers call die_with_parent: a SIGKILL to the command's process alone (as the
+    out-of-memory killer sends, not to its group) ends them too, also one that was still
+    starting."""
+    delay = 0 if killed.startswith("after") else 3
+    worker = (
+        f"import os, time; time.sleep({delay}); from {PACKAGE}.prepare import die_with_parent; "
+        "die_with_parent(int(os.environ['PARENT'])); print('ready', flush=True); time.sleep(600)"
+    )
+    command = (
+        "import os, subprocess, sys, time; os.environ['PARENT'] = str(os.getpid()); "
+        f"child = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE); "
+        "print(child.pid, flush=True); print(child.stdout.readline().decode().strip(), "
+        "flush=True); time.sleep(600)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", command], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    if delay == 0:
+        assert parent.stdout.readline().strip() == "ready"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while alive(child):
+        assert time.monotonic() < deadline, "the worker outlived the command"
+        time.sleep(0.1)

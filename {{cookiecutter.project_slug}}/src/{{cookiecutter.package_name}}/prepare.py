@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -227,8 +228,23 @@ def build_tokenizer(settings: dict[str, Any], train_pieces: list[str]) -> TextTo
 _worker_tokenizer: TextTokenizer | None = None
 
 
-def start_worker(tokenizer_path: str) -> None:
+def die_with_parent(parent: int) -> None:
+    """This process ends when `parent`, the process that started it, does, however that one
+    ends (a SIGKILL to it alone, as the out-of-memory killer sends, included). Linux only."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    set_parent_death_signal = 1  # PR_SET_PDEATHSIG
+    ctypes.CDLL(None, use_errno=True).prctl(set_parent_death_signal, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os._exit(1)
+
+
+def start_worker(tokenizer_path: str, parent: int) -> None:
     global _worker_tokenizer
+    die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     _worker_tokenizer = load_tokenizer(Path(tokenizer_path))
 
@@ -382,7 +398,7 @@ def write_shards(
     train_counts = None
     with ProcessPoolExecutor(
         workers or os.cpu_count() or 1, mp_context=get_context("spawn"), initializer=start_worker,
-        initargs=(str(staging / TOKENIZER),),
+        initargs=(str(staging / TOKENIZER), os.getpid()),
     ) as pool:  # fmt: skip
         for split in SPLITS:
             counts = tokenize_split(
