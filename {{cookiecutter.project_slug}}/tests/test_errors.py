@@ -178,6 +178,12 @@ TRAIN_CASES = {
     "init_from with NaN weights": (["init_from={dir}/diverged.ckpt"], ["init_from=", "NaN or infinite"]),
     "init_from of another model": (["init_from={dir}/other_model.ckpt"], ["init_from=", "another model"]),
     "seed not a number": (["seed=abc"], ["seed='abc'", "whole number"]),
+    "a switch given a word": (["extend=maybe"], ["extend='maybe'", "true or false"]),
+    "trust given a word": (["ckpt_path={dir}/pickled.ckpt", "trust_checkpoint=no"], ["trust_checkpoint='no'", "true or false"]),
+    "compile given a number": (["model.compile=0.5"], ["model.compile=0.5", "true or false"]),
+    "a callback's switch given a word": (["callbacks.model_checkpoint.save_last=yes"], ["save_last='yes'", "true or false or link"]),
+    "a trainer switch given a number": (["trainer.deterministic=1"], ["trainer.deterministic=1", "or warn"]),
+    "fast_dev_run a word": (["trainer.fast_dev_run=some"], ["trainer.fast_dev_run='some'", "number of batches"]),
     "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
     "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),
     "zero learning rate": (["model.optimizer.lr=0"], ["model.optimizer.lr=0", "positive"]),
@@ -279,6 +285,26 @@ def test_bad_eval_input_gets_one_clear_error(
     fails_with(evaluate, eval_config(f"ckpt_path={path.format(dir=written)}"), capsys, *fragments)
     assert snapshot(written) == before
     assert not (tmp_path / "pwned").exists(), "the checkpoint's code ran"
+
+
+SWITCHES_OF_COMMANDS = {
+    "eval": ["trust_checkpoint=no"],
+    "predict": ["trust_checkpoint=no", "trainer=cpu", "prompt=x", "inputs=null", "kv_cache=maybe"],
+    "export": ["trust_checkpoint=no"],
+}
+
+
+@pytest.mark.parametrize("command", list(SWITCHES_OF_COMMANDS))
+def test_a_switch_given_a_word_is_refused_not_taken_as_true(
+    command: str, written: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:  # fmt: skip
+    """`trust_checkpoint=no` is a word, which Python reads as true: it must not unpickle."""
+    monkeypatch.chdir(tmp_path)
+    overrides = [f"ckpt_path={written}/pickled.ckpt", *SWITCHES_OF_COMMANDS[command]]
+    cfg = compose_config(command, overrides, tmp_path / command)
+    task = {"eval": evaluate, "predict": run_prediction, "export": run_export}[command]
+    fails_with(task, cfg, capsys, "trust_checkpoint='no'", "true or false")
 
 
 @pytest.mark.parametrize("command", ["predict", "export"])

@@ -29,6 +29,7 @@ from . import run_lock
 from .checkpoints import atomic_torch_save
 from .errors import ConfigError
 from .models.lora import merge
+from .run_settings import check_switches
 from .trained import Trained, rebuild
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Inference(nn.Module):
 
 
 def export(cfg: DictConfig) -> dict[str, float]:
+    check_switches(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
         return export_checkpoint(cfg)
 

@@ -4,6 +4,7 @@ line that names the key and what to write instead. No torch here."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -71,7 +72,77 @@ def check_val_check_interval(value: Any) -> None:
         )
 
 
+# Keys that hold true or false, with any other word they also take. Python reads every other value
+# as one of the two ("no" and 0.5 as true), so `trust_checkpoint=no` would unpickle in full.
+SWITCHES: dict[str, tuple[str, ...]] = {
+    "resume": (),
+    "extend": (),
+    "test": (),
+    "trust_checkpoint": (),
+    "kv_cache": (),
+    "stream": (),
+    "model.compile": (),
+    "model.net.bias": (),
+    "model.net.activation_checkpointing": (),
+    "model.net.channels_last": (),
+    "data.augment": (),
+    "data.channels_last": (),
+    "data.download": (),
+    "data.verify_images": (),
+    "data.verify_checksums": (),
+    "trainer.barebones": (),
+    "trainer.deterministic": ("warn",),
+    "trainer.detect_anomaly": (),
+    "trainer.enable_checkpointing": (),
+    "trainer.enable_model_summary": (),
+    "trainer.enable_progress_bar": (),
+    "trainer.inference_mode": (),
+    "trainer.sync_batchnorm": (),
+    "trainer.use_distributed_sampler": (),
+    "trainer.strategy.find_unused_parameters": (),
+    "trainer.strategy.gradient_as_bucket_view": (),
+    "callbacks.*.auto_insert_metric_name": (),
+    "callbacks.*.check_finite": (),
+    "callbacks.*.enable_version_counter": (),
+    "callbacks.*.requeue": (),
+    "callbacks.*.save_last": ("link",),
+    "logger.*.default_hp_metric": (),
+    "logger.*.log_model": ("all",),
+    "logger.*.offline": (),
+    "extras.print_config": (),
+    "extras.ignore_warnings": (),
+    "bench.plain": (),
+    "bench.find_batch_size": (),
+    "bench.generation": (),
+    "bench.checkpointing": (),
+}
+
+
+def switch_values(cfg: DictConfig, pattern: str) -> Iterator[tuple[str, Any]]:
+    group, wildcard, leaf = pattern.partition(".*.")
+    if not wildcard:
+        yield pattern, OmegaConf.select(cfg, pattern, default=None)
+        return
+    node = OmegaConf.select(cfg, group, default=None)
+    if isinstance(node, DictConfig):
+        for name, child in node.items():
+            if isinstance(child, DictConfig) and leaf in child:
+                yield f"{group}.{name!s}.{leaf}", child.get(leaf)
+
+
+def check_switches(cfg: DictConfig) -> None:
+    for pattern, words in SWITCHES.items():
+        for key, value in switch_values(cfg, pattern):
+            if value is None or isinstance(value, bool) or value in words:
+                continue
+            alternatives = "".join(f" or {word}" for word in words)
+            raise ConfigError(f"{key}={value!r}: use true or false{alternatives}.")
+
+
 def check_trainer(trainer: DictConfig) -> None:
+    fast = trainer.get("fast_dev_run")
+    if not (fast is None or isinstance(fast, bool) or (whole(fast) and fast >= 0)):
+        raise refuse("trainer.fast_dev_run", fast, "use true, false or a number of batches")
     check_whole("trainer.max_epochs", trainer.get("max_epochs"), -1)
     check_whole("trainer.max_steps", trainer.get("max_steps"), -1)
     check_whole("trainer.min_epochs", trainer.get("min_epochs"), 0)
@@ -133,6 +204,7 @@ def check_run_settings(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     if seed is not None and (not whole(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise refuse("seed", seed, f"use a whole number from 0 to {SEED_RANGE[1]}, or null")
+    check_switches(cfg)
     check_trainer(cfg.trainer)
     check_learning_rate(cfg)
     check_optimizer(cfg)
