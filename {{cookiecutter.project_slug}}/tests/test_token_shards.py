@@ -223,6 +223,8 @@ BAD_PREPARE_SETTINGS = {
     "tokenizer file missing": (["tokenizer={tmp}/missing.json"], ["use bpe, bytes, or the path"]),
     "source a file with no text": (["source={tmp}/blank.txt"], ["holds no text"]),
     "source only hidden files": (["source={tmp}/hidden"], ["no files in it"]),
+    "source a file that is not UTF-8": (["source={tmp}/latin1.txt"], ["latin1.txt is not UTF-8 text", "iconv"]),
+    "source a folder of binaries": (["source={tmp}/binaries"], ["holds no text", "2 files are not UTF-8"]),
 }  # fmt: skip
 
 
@@ -247,6 +249,10 @@ def test_bad_prepare_settings_get_one_line_before_the_corpus_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     (tmp_path / "blank.txt").write_text("\n \n")
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+    (tmp_path / "binaries").mkdir()
+    (tmp_path / "binaries" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" * 10)
+    (tmp_path / "binaries" / "b.pyc").write_bytes(bytes(range(256)))
     (tmp_path / "hidden" / ".git").mkdir(parents=True)
     (tmp_path / "hidden" / ".notes.txt").write_text("hidden text\n")
     (tmp_path / "hidden" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
@@ -279,6 +285,46 @@ def test_an_output_inside_the_corpus_is_not_read_as_corpus(
     for output in ("tokens", "more-tokens"):  # the first output lies in the corpus too
         manifest = prepare(prepare_config(inside, source, *QUICK, f"output={inside / output}"))
         assert sum(manifest["splits"][split]["bytes"] for split in SPLITS) == text_bytes
+
+
+def test_files_that_are_not_utf8_text_are_left_out_with_a_warning(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mixed = Path(shutil.copytree(corpus, tmp_path / "mixed"))
+    (mixed / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    (mixed / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1") * 50)
+    text_bytes = sum(path.stat().st_size for path in corpus.iterdir())
+    manifest = prepare(prepare_config(tmp_path, f"source={mixed}", *QUICK))
+    assert sum(manifest["splits"][split]["bytes"] for split in SPLITS) == text_bytes
+    assert "Left out 2 file(s)" in caplog.text and "image.png" in caplog.text
+
+
+def test_max_bytes_reads_only_what_it_keeps_and_cuts_as_the_whole_corpus_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last piece kept ends where it would in the whole file, and no later file is opened."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    line = "r\u00e9sum\u00e9 \U0001f600 " * 7 + "\n"
+    (folder / "a_large.txt").write_text(line * 20_000)  # about 3 MB, 40 pieces
+    for index in range(5):
+        (folder / f"b_{index}.txt").write_text(line * 100)
+    read: list[tuple[str, int]] = []
+    read_text = prepare_module.read_text
+
+    def counted(path: Path, limit: int | None, source: str) -> str | None:
+        text = read_text(path, limit, source)
+        read.append((path.name, len((text or "").encode())))
+        return text
+
+    whole = split_pieces(str(folder), None, 0.1, 0.1)
+    monkeypatch.setattr(prepare_module, "read_text", counted)
+    kept = split_pieces(str(folder), 1_500_000, 0.1, 0.1)
+    for split in SPLITS:
+        assert kept[split] == whole[split][: len(kept[split])]
+    assert 1_500_000 <= sum(len(p.encode()) for pieces in kept.values() for p in pieces) < 1_800_000
+    assert [name for name, _ in read] == ["a_large.txt"]
+    assert read[0][1] <= 1_500_000 + 4 * prepare_module.PIECE_CHARACTERS + 4
 
 
 def test_a_prepare_failing_while_writing_leaves_no_staging_folder(

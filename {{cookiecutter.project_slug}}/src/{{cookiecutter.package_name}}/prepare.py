@@ -13,6 +13,7 @@ starts over.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import json
@@ -176,17 +177,44 @@ def cut(text: str) -> Iterator[str]:
         yield text
 
 
+def read_text(path: Path, limit: int | None, source: str) -> str | None:
+    """The file as text, or as much as its first `limit` bytes hold; None where it is not UTF-8."""
+    try:
+        with path.open("rb") as file:
+            data = file.read() if limit is None else file.read(limit)
+            complete = limit is None or not file.read(1)
+    except OSError as error:
+        raise unreadable(path, error, source, "source") from error
+    try:  # a cut may end inside a character: the incremental decoder leaves it out
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=complete)
+    except UnicodeDecodeError:
+        return None
+
+
 def split_pieces(
     source: str, max_bytes: int | None, val_fraction: float, test_fraction: float,
     output: Path | None = None,
 ) -> dict[str, list[str]]:  # fmt: skip
+    """The pieces of each split, until `max_bytes` of text. A file that is not UTF-8 (a binary,
+    Latin-1) is left out with a warning, or refused where it is the whole source."""
     pieces: dict[str, list[str]] = {split: [] for split in SPLITS}
     total, index = 0, 0
-    for path in source_files(source, output):
-        try:
-            text = path.read_bytes().decode("utf-8", errors="replace")
-        except OSError as error:
-            raise unreadable(path, error, source, "source") from error
+    files, skipped = source_files(source, output), []
+    for path in files:
+        if max_bytes is not None and total >= max_bytes:
+            break
+        # Read past the limit by one piece at most (4 bytes a character), so that the last piece
+        # ends where it would in the whole file.
+        limit = None if max_bytes is None else max_bytes - total + 4 * PIECE_CHARACTERS + 4
+        text = read_text(path, limit, source)
+        if text is None:
+            if len(files) == 1:
+                raise ConfigError(
+                    f"source={source} is not UTF-8 text: convert it (e.g. iconv -f latin1 -t "
+                    "utf-8), or point source at text files."
+                )
+            skipped.append(path)
+            continue
         for piece in cut(text):
             if max_bytes is not None and total >= max_bytes:
                 break
@@ -199,8 +227,16 @@ def split_pieces(
             pieces[split].append(piece)
             total += len(piece.encode("utf-8"))
             index += 1
+    if skipped:
+        log.warning(
+            "Left out %d file(s) of source=%s that are not UTF-8 text, e.g. %s",
+            len(skipped), source, skipped[0],
+        )  # fmt: skip
     if not any(piece.strip() for piece in pieces["train"]):
-        raise ConfigError(f"source={source} holds no text to train on.")
+        not_text = (
+            f" ({len(skipped)} files are not UTF-8 text, e.g. {skipped[0]})" if skipped else ""
+        )
+        raise ConfigError(f"source={source} holds no text to train on{not_text}.")
     for split in ("val", "test"):
         if not pieces[split]:
             raise ConfigError(

@@ -99,11 +99,10 @@ def read_corpus(source: str, max_bytes: int | None) -> torch.Tensor:
     total = 0
     for path in corpus_files(source):
         try:
-            chunk = path.read_bytes()
+            with path.open("rb") as file:  # never more than the limit, of a file however large
+                chunk = file.read() if max_bytes is None else file.read(max_bytes - total)
         except OSError as error:
             raise unreadable(path, error, source) from error
-        if max_bytes is not None:
-            chunk = chunk[: max_bytes - total]
         chunks.append(chunk)
         total += len(chunk)
         if max_bytes is not None and total >= max_bytes:
