@@ -314,6 +314,47 @@ def test_a_search_killed_in_every_trial_ends_as_one_never_stopped(tmp_path: Path
 
 
 @pytest.mark.slow
+def test_a_basic_sweep_killed_in_every_job_ends_as_one_never_stopped(tmp_path: Path) -> None:
+    """Each job of a two-job grid is killed (SIGKILL to the whole group, the sweep with it) once
+    mid-training; the same command then resumes the killed job and skips the finished one. Each
+    job ends with the weights, optimizer state, steps and metrics of a sweep never stopped."""
+    marker = Path("'killed-" + "${seed}'")
+    command = [
+        "--multirun", *QUICK, *SHORT_RUN, "callbacks.step_checkpoint.every_n_train_steps=4",
+        "seed=1,2", "hydra.sweep.dir=sweep", FAULT_TARGETS, *fault("train_step", 6, marker),
+    ]  # fmt: skip
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    reference.mkdir()
+    for seed in (1, 2):  # its faults have fired already: it runs through
+        (reference / f"killed-{seed}").touch()
+    code, output = run_killable(command, reference)
+    assert code == 0, output[-3000:]
+    killed_then_finished(command, killed, kills=2)
+    assert {path.name for path in killed.glob("killed-*")} == {"killed-1", "killed-2"}
+
+    def jobs(cwd: Path) -> list[dict[str, str]]:
+        return summary_rows(cwd / "sweep")
+
+    assert [row["status"] for row in jobs(reference)] == ["COMPLETED"] * 2
+    pairs = zip(jobs(reference), jobs(killed), strict=True)
+    for expected, got in pairs:
+        assert (expected["job"], expected["overrides"], expected["status"]) == (
+            got["job"], got["overrides"], got["status"],
+        )  # fmt: skip
+        runs = [cwd / row["run_dir"] for cwd, row in ((reference, expected), (killed, got))]
+        for key in ("state_dict", "optimizer_states", "global_step"):
+            assert_equal(
+                *(read_last(run / "checkpoints" / "last.ckpt")[key] for run in runs),
+                f"job {expected['overrides']}: {key}",
+            )
+        metrics = [
+            {k: v for k, v in read(run / "metrics.json").items() if "perf/" not in k}
+            for run in runs
+        ]
+        assert metrics[0] == metrics[1], expected["overrides"]
+
+
+@pytest.mark.slow
 def test_a_grid_extended_by_one_value_trains_each_point_once_in_its_own_directory(
     tmp_path: Path,
 ) -> None:
