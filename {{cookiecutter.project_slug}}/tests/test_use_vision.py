@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -114,6 +117,36 @@ def test_predict_classifies_image_files_of_any_size_and_the_test_split(
                      cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(predictions(tmp_path / "test")) == int(len(labels) * 0.2)
+
+
+@pytest.mark.slow
+def test_a_killed_predict_run_again_writes_its_predictions_in_the_same_folder(
+    trained: Path, tmp_path: Path
+) -> None:
+    """Killed as soon as it has made its folder, the same command run again writes there what a
+    command never killed writes."""
+    args = [sys.executable, *entry("predict"), f"ckpt_path={trained}", "inputs=test"]
+    never_killed, killed = tmp_path / "never_killed", tmp_path / "killed"
+    for cwd in (never_killed, killed):
+        cwd.mkdir()
+    started = subprocess.Popen(
+        args, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(killed.glob("logs/predict/runs/*/predict.log")):
+        assert started.poll() is None and time.monotonic() < deadline, "it never started"
+        time.sleep(0.05)
+    os.killpg(started.pid, signal.SIGKILL)
+    started.wait()
+    (folder,) = (killed / "logs" / "predict" / "runs").iterdir()
+    assert not (folder / "predictions.csv").exists(), "killed before it wrote its output"
+    for cwd in (never_killed, killed):
+        result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert list((killed / "logs" / "predict" / "runs").iterdir()) == [folder]
+    (reference,) = (never_killed / "logs" / "predict" / "runs").iterdir()
+    assert predictions(folder) == predictions(reference)
 
 
 @pytest.mark.slow
