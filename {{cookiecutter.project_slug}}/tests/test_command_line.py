@@ -47,6 +47,19 @@ def not_writable_folder(tmp_path: Path) -> Path:
     return tmp_path / "a_file" / "logs"
 
 
+RECIPE_MODULES = {"train": "train", "evaluate": "eval", "predict": "predict", "export": "export"}
+{%- if cookiecutter.examples != "vision" %}
+RECIPE_MODULES["prepare"] = "prepare"
+{%- endif %}
+
+
+@pytest.mark.parametrize("module", list(RECIPE_MODULES))
+def test_python_dash_m_on_a_recipe_module_runs_its_command(module: str, tmp_path: Path) -> None:
+    result = run_cli("-m", f"{PACKAGE}.{module}", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"task_name: {RECIPE_MODULES[module]}\n" in result.stdout
+
+
 COMMAND_LINE_CASES = {
     "typo in a nested key": (["model.optimizer.lrr=0.1"], ["model.optimizer.lrr", "+model.optimizer.lrr=0.1"]),
     "typo in a top-level key": (["sed=3"], ["'sed'", "+sed=3"]),

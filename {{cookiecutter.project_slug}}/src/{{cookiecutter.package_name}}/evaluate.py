@@ -49,3 +49,9 @@ def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
     metrics = scalars(trainer.callback_metrics)
     write_metrics(metrics, cfg.paths.output_dir)
     return metrics
+
+
+if __name__ == "__main__":  # `python -m <package>.evaluate` runs `<package>-eval`
+    from . import cli
+
+    cli.evaluate()

@@ -275,3 +275,9 @@ def write_plain_checkpoint(trained: Trained, path: Path) -> None:
         model_config["lora"] = None
     checkpoint["run_config"] = {**checkpoint["run_config"], "model": model_config}
     atomic_torch_save(checkpoint, path)
+
+
+if __name__ == "__main__":  # `python -m <package>.export` runs `<package>-export`
+    from . import cli
+
+    cli.export()

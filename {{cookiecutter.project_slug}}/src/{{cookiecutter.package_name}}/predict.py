@@ -262,3 +262,9 @@ def continue_prompts(
     path = output_dir / "predictions.jsonl"
     write_text_atomically("".join(lines), path)
     log.info("Continued %d prompt%s: %s", len(prompts), "s"[: len(prompts) > 1], path)
+
+
+if __name__ == "__main__":  # `python -m <package>.predict` runs `<package>-predict`
+    from . import cli
+
+    cli.predict()

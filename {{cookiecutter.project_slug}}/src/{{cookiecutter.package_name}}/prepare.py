@@ -445,3 +445,9 @@ def write_shards(
     manifest["unigram_bits_per_token"] = unigram_bits(train_counts.astype(np.float64))
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+if __name__ == "__main__":  # `python -m <package>.prepare` runs `<package>-prepare`
+    from . import cli
+
+    cli.prepare()

@@ -432,3 +432,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     if trainer.is_global_zero:
         write_metrics(metrics, cfg.paths.output_dir)
     return metrics
+
+
+if __name__ == "__main__":  # `python -m <package>.train` runs `<package>-train`
+    from . import cli
+
+    cli.train()
