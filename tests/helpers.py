@@ -111,6 +111,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/sharded_checkpoints.py",
         f"{src}/shard_planners.py",
         f"{src}/run_names.py",
+        f"{src}/run_record.py",
         f"{src}/runtime.py",
         f"{src}/strategies.py",
         f"{src}/targets.py",

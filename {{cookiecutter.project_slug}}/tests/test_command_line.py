@@ -213,6 +213,21 @@ def test_a_second_command_on_a_live_run_directory_is_refused(tmp_path: Path) -> 
     assert code == 0, output[-3000:]
 
 
+def test_a_refused_command_leaves_the_runs_record_of_its_config_as_it_was(tmp_path: Path) -> None:
+    """Hydra writes `.hydra/` before the command checks anything: a command refused from a run
+    directory (other overrides, a bad setting) must not leave its config as the run's record."""
+    first = run_cli("-m", PACKAGE, *TINY, "run_name=kept", "seed=1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = tmp_path / "logs" / "train" / "runs" / "kept" / ".hydra"
+    before = {path.name: path.read_bytes() for path in record.iterdir()}
+    assert {"config.yaml", "hydra.yaml", "overrides.yaml"} <= set(before)
+    for refused in (["seed=2"], ["seed=abc"], ["model.optimizer.lr=-1"]):
+        result = run_cli("-m", PACKAGE, *TINY, "run_name=kept", *refused, cwd=tmp_path)
+        assert one_error_line(result)
+        after = {path.name: path.read_bytes() for path in record.iterdir()}
+        assert after == before, f"{refused} changed the run's record"
+
+
 NOISE = (
     "litlogger", "litmodels", "LeafSpec", "dirpath has changed", "anonymous setting",
     "already configured with model summary", "weights_only` was not set", "INFO: Seed set",

@@ -11,7 +11,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from . import command_errors, stop_signals
+from . import command_errors, run_record, stop_signals
 from .errors import ConfigError, TrainingError
 from .run_names import pasteable, register_run_name_resolver, verbatim
 from .targets import check_hydra_callbacks
@@ -89,6 +89,7 @@ def remove_unused_run_dir() -> None:
 
 
 register_run_name_resolver()
+run_record.keep_what_hydra_replaces()
 command_errors.install(clean_up=remove_unused_run_dir)
 check_hydra_callbacks()
 
@@ -115,6 +116,8 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
             raise
         if in_multirun():
             raise  # Hydra marks this job failed, runs the others, then exits with code 1
+        if isinstance(error, ConfigError):
+            run_record.put_back()
         remove_unused_run_dir()
         print(f"error: {line}", file=sys.stderr)
         sys.exit(1)
