@@ -168,6 +168,18 @@ def test_a_prepared_folder_is_reused_only_with_the_same_settings(
             prepare(other)
 
 
+def test_a_vocab_size_that_a_tokenizer_of_bytes_does_not_use_is_no_other_setting(
+    corpus: Path, tmp_path: Path
+) -> None:
+    first = prepare(prepare_config(tmp_path, f"source={corpus}", *QUICK))
+    stamp = (tmp_path / "tokens" / MANIFEST).stat().st_mtime_ns
+    again = prepare(prepare_config(tmp_path, f"source={corpus}", *QUICK, "vocab_size=1000"))
+    assert again == first and (tmp_path / "tokens" / MANIFEST).stat().st_mtime_ns == stamp
+    other = prepare_config(tmp_path, f"source={corpus}", *QUICK, "shard_tokens=123")
+    with pytest.raises(ConfigError, match=r"other settings \(shard_tokens differ\)"):
+        prepare(other)
+
+
 BAD_PREPARE = {
     "empty corpus": (["source={empty}"], "holds no text"),
     "glob matching nothing": (["source={tmp}/nothing/*.txt"], "matches no files"),

@@ -100,6 +100,13 @@ def checked_settings(cfg: DictConfig) -> dict[str, Any]:
     return settings
 
 
+def defining(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that decide the shards: `vocab_size` only where a BPE tokenizer is trained."""
+    if settings.get("tokenizer") == "bpe":
+        return settings
+    return {key: value for key, value in settings.items() if key != "vocab_size"}
+
+
 def checked_output(cfg: DictConfig) -> Path:
     if cfg.output is None or not str(cfg.output).strip():
         raise ConfigError("output is not set: use output=<the folder to write>.")
@@ -367,9 +374,9 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     check_whole("workers", cfg.workers, 1)
     if (output / MANIFEST).is_file():
         existing = read_manifest(output, "output")
-        if existing.get("settings") != settings:
-            recorded = existing.get("settings") or {}
-            changed = sorted(k for k in SETTINGS if recorded.get(k) != settings[k])
+        recorded = existing.get("settings") or {}
+        if defining(recorded) != defining(settings):
+            changed = sorted(k for k in defining(settings) if recorded.get(k) != settings[k])
             raise ConfigError(
                 f"output={output} holds token shards of other settings ({', '.join(changed)} "
                 "differ): pick another output=..., or delete that folder to prepare it again."
