@@ -228,6 +228,27 @@ def test_a_refused_command_leaves_the_runs_record_of_its_config_as_it_was(tmp_pa
         assert after == before, f"{refused} changed the run's record"
 
 
+def test_data_refused_while_loading_is_one_line_whatever_the_logger(tmp_path: Path) -> None:
+    """Bad data is found as the data module loads: before any logger starts a run and prints."""
+{%- if cookiecutter.examples != "vision" %}
+    bad_data = ["experiment=language", f"data.source={tmp_path / 'no_such_corpus'}"]
+{%- else %}
+    for label in ("a", "b"):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        (tmp_path / "images" / label / "1.png").write_bytes(b"not an image")
+    bad_data = ["experiment=image_folder", f"data.root={tmp_path / 'images'}"]
+{%- endif %}
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb_dir")}
+    for logger in ("{{ cookiecutter.logger }}", "csv"):
+        cwd = tmp_path / logger
+        cwd.mkdir()
+        result = run_cli(
+            "-m", PACKAGE, "trainer=cpu", f"logger={logger}", *bad_data, cwd=cwd, env=env
+        )
+        assert one_error_line(result)
+        assert not list(cwd.iterdir()), "nothing written"
+
+
 NOISE = (
     "litlogger", "litmodels", "LeafSpec", "dirpath has changed", "anonymous setting",
     "already configured with model summary", "weights_only` was not set", "INFO: Seed set",

@@ -29,6 +29,7 @@ from .checkpoints import (
     read_checkpoint,
     read_fit_state,
 )
+from .data.base import SplitDataModule
 from .errors import ConfigError, TrainingError
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device
@@ -326,6 +327,16 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
     return str(path)
 
 
+def load_data_before_loggers(datamodule: Any) -> None:
+    """Data that the data module refuses (a file that does not decode, a shard that fails its
+    checksum) is refused before a logger starts its run and prints about it. Only where loading
+    is known to be safe to do early and once: the project's data modules that download nothing;
+    Lightning's own `setup` call then finds the splits loaded."""
+    downloads = type(datamodule).prepare_data is not L.LightningDataModule.prepare_data
+    if isinstance(datamodule, SplitDataModule) and not downloads:
+        datamodule.setup("fit")
+
+
 @contextmanager
 def bad_data_leaves_no_logs(
     trainer: L.Trainer, output_dir: Path, found: set[Path]
@@ -384,6 +395,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
+    load_data_before_loggers(datamodule)
     output_dir = Path(cfg.paths.output_dir)
     found = set(output_dir.iterdir()) if output_dir.is_dir() else set()
     with config_errors():
