@@ -2,7 +2,7 @@
 # DDP over one or more nodes with torchrun: run this on every node with the same MASTER_ADDR
 # (node 0's address), RUN_NAME and NNODES, and NODE_RANK 0..NNODES-1. torchrun starts one
 # process per device; Lightning reads torchrun's environment and starts none of its own. All
-# processes write to logs/train/runs/$RUN_NAME.
+# processes write to logs/train/runs/<RUN_NAME made a safe folder name, as run_name= is>.
 #
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 RUN_NAME=gpt2 scripts/torchrun.sh experiment=gpt2_small
 #   NPROC_PER_NODE=2 TRAINER=cpu scripts/torchrun.sh          # two CPU processes (gloo), to try it
@@ -23,10 +23,11 @@ MASTER_ADDR=$(first "${MASTER_ADDR:-}" "${PET_MASTER_ADDR:-}" "$SKYPILOT_HEAD" 1
 MASTER_PORT=$(first "${MASTER_PORT:-}" "${PET_MASTER_PORT:-}" 29500)
 TRAINER=${TRAINER:-gpu}
 RUN_NAME=${RUN_NAME:-torchrun-$(date +%Y-%m-%d_%H-%M)}
+QUOTED_NAME=${RUN_NAME//\'/\\\'}  # a Hydra string in single quotes: commas, spaces, = as written
 
 exec torchrun \
   --nnodes="$NNODES" --node-rank="$NODE_RANK" --nproc-per-node="$NPROC_PER_NODE" \
   --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \
   -m {{ cookiecutter.package_name }} \
   strategy=ddp trainer="$TRAINER" trainer.devices="$NPROC_PER_NODE" trainer.num_nodes="$NNODES" \
-  hydra.run.dir="logs/train/runs/$RUN_NAME" "$@"
+  run_name="'$QUOTED_NAME'" "$@"

@@ -8,7 +8,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from .helpers import CONFIG_DIR, ComposeFn
+from .helpers import CONFIG_DIR, PACKAGE, ComposeFn, run_cli
 
 GROUPS = ["data", "model", "trainer", "callbacks", "logger", "debug", "experiment"]
 OPTIONS = [
@@ -76,7 +76,7 @@ def test_callbacks_and_loggers_instantiate(train_config: ComposeFn, tmp_path: Pa
     callbacks = instantiate_callbacks(cfg.callbacks, have_logger=True)
     names = {type(c).__name__ for c in callbacks}
     assert {"RunCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput"} <= names
-    loggers = instantiate_group(cfg.logger)
+    loggers = instantiate_group(cfg.logger, "logger")
     assert len(loggers) == {% if cookiecutter.logger == "csv" %}1{% else %}2{% endif %}
 
 
@@ -98,3 +98,15 @@ def test_every_trainer_argument_is_a_config_key(train_config: ComposeFn) -> None
     arguments = set(inspect.signature(L.Trainer.__init__).parameters)
     expected = arguments - passed_by_the_recipe - newer_than_the_lowest_supported
     assert expected <= set(train_config().trainer)
+
+
+def test_a_local_config_sets_keys_at_the_top_level(tmp_path: Path) -> None:
+    """`configs/local/<name>.yaml` holds keys as written at the top level, without a header."""
+    (tmp_path / "configs" / "local").mkdir(parents=True)
+    (tmp_path / "configs" / "local" / "mine.yaml").write_text("trainer:\n  max_epochs: 1\n")
+    result = run_cli(
+        "-m", PACKAGE, "--config-dir", "configs", "local@_global_=mine", "--cfg", "job", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = OmegaConf.create(result.stdout)
+    assert config.trainer.max_epochs == 1 and "local" not in config

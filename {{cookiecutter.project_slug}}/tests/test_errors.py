@@ -184,6 +184,8 @@ TRAIN_CASES = {
     "a callback's switch given a word": (["callbacks.model_checkpoint.save_last=yes"], ["save_last='yes'", "true or false or link"]),
     "a trainer switch given a number": (["trainer.deterministic=1"], ["trainer.deterministic=1", "or warn"]),
     "fast_dev_run a word": (["trainer.fast_dev_run=some"], ["trainer.fast_dev_run='some'", "number of batches"]),
+    "a callback given a word": (["callbacks.early_stopping=maybe"], ["callbacks.early_stopping='maybe'", "=null to turn it off"]),
+    "an unknown matmul precision": (["matmul_precision=banana"], ["matmul_precision='banana'", "highest, high"]),
     "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
     "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),
     "zero learning rate": (["model.optimizer.lr=0"], ["model.optimizer.lr=0", "positive"]),

@@ -22,7 +22,7 @@ from {{ cookiecutter.package_name }}.runtime import (
 )
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn, run_cli
+from .helpers import PACKAGE, ComposeFn, compose_config, run_cli
 
 
 def test_precision_auto_is_32_on_cpu() -> None:
@@ -202,6 +202,30 @@ def test_wandb_without_login_logs_offline_and_finishes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no login found, logging offline" in result.stderr + result.stdout
     assert list(tmp_path.glob("logs/debug/runs/*/wandb/offline-run-*"))
+
+
+def test_the_wandb_start_up_timeout_is_the_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from {{ cookiecutter.package_name }} import (
+        loggers,
+    )
+
+    waited: list[float] = []
+
+    def unanswered(timeout: float) -> str:
+        waited.append(timeout)
+        return "no answer"
+
+    monkeypatch.setattr(loggers, "wandb_server_answers", unanswered)
+    monkeypatch.setenv("WANDB_MODE", "")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_API_KEY", "local-" + "0" * 40)  # a login, so it tries the server
+    overrides = ["logger=wandb", "logger.wandb.settings.init_timeout=6"]
+    cfg = compose_config("train", overrides, tmp_path)
+    assert list(cfg.logger) == ["wandb"], "nothing but the logger in the logger group"
+    (logger,) = loggers.instantiate_loggers(cfg.logger)
+    assert waited == [2.0] and logger._offline
 
 
 @pytest.mark.slow

@@ -217,3 +217,31 @@ def test_a_hydra_callback_is_checked_before_hydra_builds_it(tmp_path: Path) -> N
         "-m", PACKAGE, "seed=abc", *callback, "allowed_targets=[pathlib.Path.mkdir]", cwd=tmp_path
     )
     assert listed.returncode == 1 and "seed" in listed.stderr and made.is_dir()
+
+
+def test_a_logging_config_naming_other_code_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    """Python's logging config imports and calls a handler's `class` and any entry's `()`;
+    Hydra applies it as it composes the config, before any command checks anything."""
+    made = tmp_path / "made.zip"
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "factory.yaml").write_text(
+        "defaults:\n  - train\n  - _self_\nhydra:\n  hydra_logging:\n    formatters:\n"
+        f"      x:\n        (): zipfile.ZipFile\n        file: {made}\n        mode: w\n"
+    )
+    handler = ["+hydra.job_logging.handlers.x.class=zipfile.ZipFile",
+               f"+hydra.job_logging.handlers.x.file={made}", "+hydra.job_logging.handlers.x.mode=w"]  # fmt: skip
+    attacks = {
+        "hydra.hydra_logging.formatters.x.()": ["--config-dir", "configs", "--config-name", "factory"],
+        "hydra.job_logging.handlers.x.class": handler,
+    }  # fmt: skip
+    for key, overrides in attacks.items():
+        result = run_cli("-m", PACKAGE, "trainer=cpu", "debug=fdr", *overrides, cwd=tmp_path)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+        assert f"{key}=zipfile.ZipFile in the config is not allowed" in lines[0]
+        assert not made.exists() and not (tmp_path / "logs").exists()
+    # Listed exactly, it is built (and Hydra's logging set-up then fails on what it returns).
+    run_cli("-m", PACKAGE, "seed=abc", *handler, "allowed_targets=[zipfile.ZipFile]", cwd=tmp_path)
+    assert made.is_file()

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import command_errors, run_record, stop_signals
 from .errors import ConfigError, TrainingError
 from .run_names import pasteable, register_run_name_resolver, verbatim
-from .targets import check_hydra_callbacks
+from .targets import check_hydra_callbacks, check_logging_configs
 
 
 def share_config_store_when_copied() -> None:
@@ -92,6 +92,7 @@ register_run_name_resolver()
 run_record.keep_what_hydra_replaces()
 command_errors.install(clean_up=remove_unused_run_dir)
 check_hydra_callbacks()
+check_logging_configs()
 
 
 def _run(task: Any, cfg: DictConfig) -> float | None:

@@ -20,9 +20,12 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 {%- if cookiecutter.logger == "wandb" %}
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .errors import ConfigError
 from .runtime import wandb_login_present
 {%- else %}
 from omegaconf import DictConfig
+
+from .errors import ConfigError
 {%- endif %}
 
 log = logging.getLogger(__name__)
@@ -71,19 +74,22 @@ class WandbLogger(loggers.WandbLogger):
 {%- endif %}
 
 
-def instantiate_group(group: DictConfig | None) -> list[Any]:
-    """Instantiate each named entry (`name: {_target_: ...}`) of a callbacks or logger group."""
+def instantiate_group(group: DictConfig | None, where: str) -> list[Any]:
+    """Instantiate each named entry (`name: {_target_: ...}`) of a callbacks or logger group; an
+    entry set to null is off, and one that is neither (`early_stopping=maybe`) is refused."""
     if not group:
         return []
-    return [
-        instantiate(node)
-        for node in group.values()
-        if isinstance(node, DictConfig) and "_target_" in node
-    ]
+    for name, node in group.items():
+        if node is not None and not (isinstance(node, DictConfig) and "_target_" in node):
+            raise ConfigError(
+                f"{where}.{name!s}={node!r} is not a {where} config (with a _target_): "
+                f"set {where}.{name!s}=null to turn it off."
+            )
+    return [instantiate(node) for node in group.values() if node is not None]
 
 
 def instantiate_callbacks(group: DictConfig | None, have_logger: bool) -> list[Any]:
-    callbacks = instantiate_group(group)
+    callbacks = instantiate_group(group, "callbacks")
     if have_logger:
         return callbacks
     dropped = [c for c in callbacks if type(c).__name__ in NEEDS_A_LOGGER]
@@ -163,6 +169,6 @@ def instantiate_loggers(group: DictConfig | None) -> list[Any]:
 {%- if cookiecutter.logger == "wandb" %}
     if group and isinstance(group.get("wandb"), DictConfig) and "_target_" in group.wandb:
         others = OmegaConf.masked_copy(group, [str(name) for name in group if name != "wandb"])
-        return [start_wandb(group.wandb), *instantiate_group(others)]
+        return [start_wandb(group.wandb), *instantiate_group(others, "logger")]
 {%- endif %}
-    return instantiate_group(group)
+    return instantiate_group(group, "logger")

@@ -200,7 +200,13 @@ def check_context(cfg: DictConfig) -> None:
         )
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
 def check_run_settings(cfg: DictConfig) -> None:
+    matmul = cfg.get("matmul_precision")
+    if matmul is not None and matmul not in MATMUL_PRECISIONS:
+        raise refuse("matmul_precision", matmul, "use highest, high (TF32), medium or null")
     seed = cfg.get("seed")
     if seed is not None and (not whole(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise refuse("seed", seed, f"use a whole number from 0 to {SEED_RANGE[1]}, or null")

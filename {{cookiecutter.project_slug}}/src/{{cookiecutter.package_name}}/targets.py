@@ -113,3 +113,59 @@ def check_hydra_callbacks() -> None:
 
     checked.checks_targets = True  # type: ignore[attr-defined]
     Callbacks.__init__ = checked  # type: ignore[method-assign]
+
+
+# What Python's logging config may build (`class` of a handler, `()` of any entry) without listing.
+LOGGING_CLASSES = frozenset({
+    "logging.Filter", "logging.Formatter", "logging.FileHandler", "logging.NullHandler",
+    "logging.StreamHandler", "logging.handlers.RotatingFileHandler",
+    "logging.handlers.TimedRotatingFileHandler", "logging.handlers.WatchedFileHandler",
+    "colorlog.ColoredFormatter",
+})  # fmt: skip
+
+
+def logging_factories(config: Any) -> Iterable[tuple[str, str]]:
+    """(config key, name) of every callable that `hydra.hydra_logging` and `hydra.job_logging`
+    name for Python's `logging.config.dictConfig`, which imports and calls them."""
+    for part in ("hydra_logging", "job_logging"):
+        node = OmegaConf.select(config, f"hydra.{part}")
+        plain = OmegaConf.to_container(node, resolve=False) if node is not None else None
+        if not isinstance(plain, dict):
+            continue
+        for section in ("formatters", "filters", "handlers"):
+            entries = plain.get(section)
+            for name, entry in (entries if isinstance(entries, dict) else {}).items():
+                for key in ("()", "class"):
+                    if isinstance(entry, dict) and key in entry:
+                        named = str(entry[key]).removeprefix("ext://")
+                        yield f"hydra.{part}.{section}.{name}.{key}", named
+
+
+def check_logging_configs() -> None:
+    """Hydra configures logging as it composes the config, before any command checks anything:
+    the callables that the logging configs name pass a check first (Hydra's own policy refuses
+    the worst of them, but with a traceback and after making the run directory)."""
+    import hydra._internal.hydra as hydra_app
+
+    configure = hydra_app.configure_log
+    if getattr(configure, "checks_targets", False):
+        return
+
+    def checked(log_config: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(log_config, DictConfig):
+            root = log_config._get_root()
+            allowed = LOGGING_CLASSES | {
+                str(name) for name in OmegaConf.select(root, "allowed_targets") or ()
+            }
+            for key, name in logging_factories(root):
+                if name not in allowed:
+                    raise ConfigError(
+                        f"{key}={name} in the config is not allowed: a logging config may name "
+                        "logging's own handlers, formatters and filters, and the exact names "
+                        f"listed in allowed_targets. If you trust that code, add it: "
+                        f"'allowed_targets=[{name}]'."
+                    )
+        configure(log_config, *args, **kwargs)
+
+    checked.checks_targets = True  # type: ignore[attr-defined]
+    hydra_app.configure_log = checked
