@@ -5,6 +5,9 @@ is finished, saves what it trained, exits 143, and the same command finishes it 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from .killing import (
     fault,
     run,
     run_dir,
+    start,
 )
 
 WORKERS = ["data.num_workers=1"]
@@ -144,3 +148,36 @@ def test_sigterm_during_eval_exits_143(tmp_path: Path) -> None:
     ]  # fmt: skip
     code, output = run(evaluate, tmp_path / "eval", entry="evaluate")
     assert code == 143, output[-3000:]
+
+
+def test_sigterm_ends_a_run_still_waiting_for_its_peers(tmp_path: Path) -> None:
+    """Rank 0 of two, under torchrun's environment, waits for a rank that never comes: nothing is
+    written yet, so SIGTERM (`timeout`, a scheduler) ends it at once instead of being recorded
+    for a training step that never comes."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "alone",
+    }  # fmt: skip
+    command = [*SMALL_RUN, "strategy=ddp", "trainer.devices=1", "trainer.num_nodes=2"]
+    waiting = start(command, tmp_path, env)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(
+            "Initializing distributed" in log.read_text()
+            for log in tmp_path.glob("logs/train/runs/*/train.log")
+        ):
+            assert waiting.poll() is None and time.monotonic() < deadline, "it never started"
+            time.sleep(0.2)
+        time.sleep(1)
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=30) in (-signal.SIGTERM, 143)
+    finally:
+        if waiting.poll() is None:
+            os.killpg(waiting.pid, signal.SIGKILL)
+        waiting.wait()
+        assert waiting.stdout is not None
+        waiting.stdout.close()

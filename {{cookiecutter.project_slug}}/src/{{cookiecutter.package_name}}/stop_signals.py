@@ -1,7 +1,9 @@
 """The signals that ask a run to stop (SIGTERM from `timeout`, SLURM or Kubernetes; SIGUSR1/SIGUSR2,
 SLURM's and submitit's warning before a time limit). A handler only records the first one; the
 run decides where it is safe to stop (`callbacks.Preemption`) and the recipe turns the stop into
-exit code 143. No torch here."""
+exit code 143. Until the run's loop starts, SIGTERM keeps its default action, which ends the
+process at once, even while it waits inside torch (for a peer that never comes, for data):
+nothing is written before then, and the same command resumes. No torch here."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ STOPPED_BY_SIGNAL_EXIT_CODE = 143
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
 _watched: tuple[signal.Signals, ...] = ()
+_sigterm_recorded = False
 _received: signal.Signals | None = None
 _before_the_run: signal.Signals | None = None
 
@@ -53,9 +56,25 @@ def received() -> signal.Signals | None:
 
 def reassert() -> None:
     """Take the watched signals back from a handler installed since (Lightning installs its own
-    at the start of every `fit` and `test`, which ends the run with exit code 0)."""
+    at the start of every `fit` and `test`, which ends the run with exit code 0); SIGTERM too,
+    from here on recorded."""
+    global _sigterm_recorded
     for number in _watched:
         signal.signal(number, _record)
+    _sigterm_recorded = signal.SIGTERM in _watched
+
+
+def rearm() -> None:
+    """After Lightning's `fit` put back the handlers it found (SIGTERM's default, then), record
+    the signals again if the loop had started."""
+    if _sigterm_recorded:
+        reassert()
+
+
+def record_warnings() -> None:
+    """The watched signals but SIGTERM recorded; SIGTERM ends the process as by default."""
+    for number in _watched:
+        signal.signal(number, signal.SIG_DFL if number == signal.SIGTERM else _record)
 
 
 def ignore_warnings(names: Iterable[str] = WARNINGS) -> None:
@@ -68,17 +87,17 @@ def ignore_warnings(names: Iterable[str] = WARNINGS) -> None:
 @contextmanager
 def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
     """Record stop signals for the duration of a run, then put the previous handlers back."""
-    global _watched, _received, _before_the_run
+    global _watched, _received, _before_the_run, _sigterm_recorded
     numbers = tuple(signal.Signals[name] for name in names)
     previous: dict[signal.Signals, Any] = {n: signal.getsignal(n) for n in numbers}
     _watched, _received, _before_the_run = numbers, _before_the_run, None
-    reassert()
+    record_warnings()
     try:
         yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-        _watched = ()
+        _watched, _sigterm_recorded = (), False
         kill_daemon_children()
 
 

@@ -420,6 +420,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         with bad_data_leaves_no_logs(trainer, output_dir, found), fit_setting_errors(cfg):
             before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
             trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
+            stop_signals.rearm()
             check_trained_something(trainer, cfg)
         metrics, best = scalars(trainer.callback_metrics), best_checkpoint(trainer)
         metrics.update(before)
