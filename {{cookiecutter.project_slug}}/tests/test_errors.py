@@ -185,6 +185,8 @@ TRAIN_CASES = {
     "a trainer switch given a number": (["trainer.deterministic=1"], ["trainer.deterministic=1", "or warn"]),
     "fast_dev_run a word": (["trainer.fast_dev_run=some"], ["trainer.fast_dev_run='some'", "number of batches"]),
     "a callback given a word": (["callbacks.early_stopping=maybe"], ["callbacks.early_stopping='maybe'", "=null to turn it off"]),
+    "a process a CPU device, far too many": (["trainer=cpu", "trainer.devices=100000"], ["trainer.devices=100000", "cores"]),
+    "far too many loader processes": (["data.num_workers=1000"], ["data.num_workers=1000", "cores"]),
     "an unknown matmul precision": (["matmul_precision=banana"], ["matmul_precision='banana'", "highest, high"]),
     "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
     "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),

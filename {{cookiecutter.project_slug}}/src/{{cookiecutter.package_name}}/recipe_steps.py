@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from . import stop_signals
 from .callbacks.preemption import Preempted
 from .checkpoints import AtomicCheckpointIO
+from .data.base import most_processes, usable_cores
 from .errors import ConfigError, TrainingError
 from .files import write_text_atomically
 from .runtime import (
@@ -101,6 +102,13 @@ class Machine:
 
 def resolve_machine(cfg: DictConfig) -> Machine:
     accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
+    devices, cores = cfg.trainer.get("devices"), usable_cores()
+    if accelerator == "cpu" and isinstance(devices, int) and devices > most_processes(cores):
+        raise ConfigError(
+            f"trainer.devices={devices} on the CPU starts a process a device, far more than this "
+            f"machine's {cores} cores can run: use at most {most_processes(cores)}, or a GPU "
+            "machine with trainer=gpu."
+        )
     return Machine(accelerator, resolve_precision(str(cfg.trainer.precision), accelerator))
 
 

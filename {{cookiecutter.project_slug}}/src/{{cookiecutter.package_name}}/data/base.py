@@ -99,6 +99,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def most_processes(cores: int) -> int:
+    """More processes than this on `cores` cores only thrash (and may exhaust memory)."""
+    return max(8, 4 * cores)
+
+
 def auto_workers(accelerator: str, processes_on_node: int, cores: int) -> tuple[int, str]:
     """`data.num_workers=auto`: how many loader processes each training process gets, and why."""
     per_process = max(1, cores // max(1, processes_on_node))
@@ -124,6 +129,12 @@ class SplitDataModule(L.LightningDataModule):
         if num_workers != "auto" and (not isinstance(num_workers, int) or num_workers < 0):
             raise ConfigError(
                 f"data.num_workers={num_workers!r}: use a whole number, 0 or more, or auto."
+            )
+        if isinstance(num_workers, int) and num_workers > most_processes(usable_cores()):
+            raise ConfigError(
+                f"data.num_workers={num_workers}: far more loader processes than this machine's "
+                f"{usable_cores()} cores can run: use at most {most_processes(usable_cores())}, "
+                "or auto."
             )
         self.batch_size = batch_size
         self.requested_workers = num_workers
