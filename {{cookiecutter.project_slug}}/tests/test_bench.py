@@ -218,6 +218,7 @@ def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
         ("bench.save_every=-1", "bench.save_every=-1"),
         ("bench.checkpointing=true bench.save_every=100", "more than bench.steps"),
         ("bench.output=.", "is a folder"),
+        ("bench.output=pyproject.toml/bench.json", "pyproject.toml, a file"),
         ("seed=abc", "seed='abc'"),
         ("trainer.devices=0", "trainer.devices=0"),
     ],

@@ -133,6 +133,13 @@ def test_a_log_folder_that_cannot_be_written_is_one_line(tmp_path: Path) -> None
     assert "cannot write" in line and "paths.log_dir" in line
 
 
+def test_a_log_folder_under_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "logs").write_text("a file where the log folder goes")
+    line = one_error_line(run_cli("-m", PACKAGE, *TINY, cwd=tmp_path))
+    assert "Not a directory" in line and "a file stands where a folder must" in line
+    assert [path.name for path in tmp_path.iterdir()] == ["logs"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")
 def test_a_machine_that_cannot_run_the_settings_is_refused_before_anything_is_written(
     tmp_path: Path,

@@ -17,7 +17,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
 
-NOT_WRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS}
+NOT_WRITABLE = {
+    errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
+}  # fmt: skip
 HYDRA_FOOTERS = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")
 APPEND_HINT = "To append to your config"
 GRAMMAR_PAGE = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -46,6 +48,9 @@ def not_writable(error: OSError) -> str:
     reason = error.strerror or os.strerror(error.errno or 0)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         todo = "free space there, or write elsewhere with paths.log_dir=<folder>"
+    elif error.errno in (errno.ENOTDIR, errno.EEXIST):
+        todo = "a file stands where a folder must: move it, or write elsewhere with paths.log_dir="
+        todo += "<folder>"
     else:
         todo = "make it writable, or write elsewhere with paths.log_dir=<folder>"
     return f"cannot write{where} ({reason}): {todo}."

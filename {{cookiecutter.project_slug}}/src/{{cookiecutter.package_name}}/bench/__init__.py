@@ -69,8 +69,14 @@ def check_bench_settings(cfg: DictConfig) -> None:
             f"bench.save_every={settings.save_every} is more than bench.steps={settings.steps}: "
             "no checkpoint would be measured; lower it."
         )
-    if Path(str(settings.output)).is_dir():
+    output = Path(str(settings.output)).expanduser()
+    if output.is_dir():
         raise ConfigError(f"bench.output={settings.output} is a folder: give a file path.")
+    above = next((folder for folder in output.parents if folder.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(
+            f"bench.output={settings.output} is inside {above}, a file: give another file path."
+        )
 
 
 if __name__ == "__main__":
