@@ -187,6 +187,7 @@ TRAIN_CASES = {
     "a callback given a word": (["callbacks.early_stopping=maybe"], ["callbacks.early_stopping='maybe'", "=null to turn it off"]),
     "a process a CPU device, far too many": (["trainer=cpu", "trainer.devices=100000"], ["trainer.devices=100000", "cores"]),
     "far too many loader processes": (["data.num_workers=1000"], ["data.num_workers=1000", "cores"]),
+    "a metric the model does not log": (["monitor.metric=val/nope"], ["monitor.metric=val/nope", "val/loss", "set monitor.metric"]),
     "an unknown matmul precision": (["matmul_precision=banana"], ["matmul_precision='banana'", "highest, high"]),
     "negative seed": (["seed=-1"], ["seed=-1", "from 0"]),
     "negative learning rate": (["model.optimizer.lr=-0.1"], ["model.optimizer.lr=-0.1", "positive"]),

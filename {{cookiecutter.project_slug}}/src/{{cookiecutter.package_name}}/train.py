@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from . import run_lock, stop_signals
@@ -108,6 +110,15 @@ def fit_setting_errors(cfg: DictConfig) -> Iterator[None]:
     """What Lightning finds only once it counts the training batches, as one line."""
     try:
         yield
+    except (RuntimeError, MisconfigurationException) as error:
+        logged = re.search(r"any of the following: (.*)$|returned metrics: \[(.*?)\]", str(error))
+        if logged is None:
+            raise
+        names = ", ".join(re.findall(r"[`']([^`']+)[`']", logged.group(1) or logged.group(2)))
+        raise ConfigError(
+            f"monitor.metric={OmegaConf.select(cfg, 'monitor.metric')} is not a metric that the "
+            f"run logs ({names}): set monitor.metric to one of them."
+        ) from error
     except ValueError as error:
         if "`val_check_interval`" not in str(error):
             raise
