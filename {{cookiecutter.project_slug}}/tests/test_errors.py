@@ -247,6 +247,30 @@ def test_a_slurm_job_needs_a_number_of_gpus_not_auto(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir()), "nothing written"
 
 
+def test_a_slurm_sweep_where_no_cluster_answers_is_one_line_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sinfo", "sbatch", "squeue", "sacct"):  # as on a machine outside the cluster
+        (tools / tool).write_text(
+            "#!/bin/sh\necho 'slurm_load_partitions: Unable to contact slurm controller' >&2\n"
+            "exit 1\n"
+        )
+        (tools / tool).chmod(0o755)
+    path = f"{tools}{os.pathsep}{os.environ['PATH']}"
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_cli(
+        "-m", PACKAGE, "-m", "hydra/launcher=slurm", "trainer=cpu", "seed=11,12", cwd=work,
+        env={"PATH": path},
+    )  # fmt: skip
+    (line,) = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "no SLURM cluster answers here" in line, result.stderr
+    assert "Unable to contact slurm controller" in line
+    assert not list(work.iterdir()), "nothing written"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")
 def test_gpu_asked_for_without_one(
     train_config: ComposeFn, capsys: pytest.CaptureFixture[str]

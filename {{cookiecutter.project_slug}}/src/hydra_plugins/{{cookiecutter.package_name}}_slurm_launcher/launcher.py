@@ -5,6 +5,7 @@ import os
 import subprocess
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra.core.utils import JobReturn
 from hydra.errors import HydraException
@@ -36,6 +37,36 @@ def accounting_works() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return checked.returncode == 0
+
+
+def remove_unstarted_sweep(folder: Path) -> None:
+    """The sweep folder, while it holds no more than Hydra's record of the sweep, and the folders
+    above it that it leaves empty."""
+    folder = Path(os.path.abspath(folder))
+    if not folder.is_dir() or {path.name for path in folder.iterdir()} - {"multirun.yaml"}:
+        return
+    (folder / "multirun.yaml").unlink(missing_ok=True)
+    folder.rmdir()
+    for parent in folder.parents:
+        if parent == Path.cwd() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+def cluster_problem() -> str | None:
+    """None where a SLURM controller answers this machine, else what `sinfo` said."""
+    try:
+        probe = subprocess.run(
+            ["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, timeout=60
+        )
+    except OSError:
+        return "sinfo is not installed"
+    except subprocess.TimeoutExpired:
+        return "sinfo had no answer in 60 s"
+    if probe.returncode == 0:
+        return None
+    said = [line.strip() for line in probe.stderr.splitlines() if line.strip()]
+    return said[-1] if said else f"sinfo exited with status {probe.returncode}"
 
 
 def reads_states_from_squeue() -> bool:
@@ -108,6 +139,14 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        problem = cluster_problem()
+        if problem:
+            assert self.config is not None
+            remove_unstarted_sweep(Path(str(self.config.hydra.sweep.dir)))
+            raise SweepCannotStart(
+                f"no SLURM cluster answers here ({problem}): launch the sweep from a node of the "
+                "cluster (a login node), or pick another hydra/launcher."
+            )
         if not accounting_works() and not reads_states_from_squeue():
             log.info("SLURM accounting is off here (sacct fails): job states come from squeue.")
             read_states_from_squeue()
