@@ -59,6 +59,20 @@ def test_settings_that_every_job_shares_are_refused_before_any_job(
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "no sweep folder, no study"
 
 
+def test_a_value_that_one_job_of_a_grid_cannot_use_is_refused_before_any_job(
+    tmp_path: Path,
+) -> None:
+    result = run_cli(
+        "-m", PACKAGE, "--multirun", *FAST, "model.optimizer.lr=0.001,-1", "seed=1,2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert line.startswith("error: job #2 (model.optimizer.lr=-1,seed=1) would be refused"), line
+    assert "model.optimizer.lr=-1: use a positive" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no job ran, nothing written"
+
+
 @pytest.mark.parametrize(
     "setting",
     [

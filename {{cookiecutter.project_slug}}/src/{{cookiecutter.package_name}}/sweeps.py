@@ -70,13 +70,49 @@ def shared_settings_problem(config: DictConfig) -> str | None:
     return None
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+MOST_JOBS_CHECKED = 256  # each costs a composition of the config (Hydra composes each once more)
+
+
+def swept_settings_problem(config: DictConfig) -> str | None:
+    """What the run's own checks refuse in any one job of a grid (the basic sweeper's), found
+    before the first job trains: a bad value late in a list would otherwise fail only after the
+    jobs before it."""
+    sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+    if OmegaConf.select(config, "trainer") is None or sweeper != BASIC_SWEEPER:
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    loader = GlobalHydra.instance().config_loader()
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [*(f"{key}={value}" for key, value in params.items()), *config.hydra.overrides.task]
+    overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
+    swept = {o.get_key_element() for o in overrides if o.is_sweep_override()}
+    jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    if len(jobs) < 2 or len(jobs) > MOST_JOBS_CHECKED:
+        return None
+    for number, job in enumerate(jobs):
+        try:
+            check_run_settings(loader.load_sweep_config(config, list(job)))
+        except ConfigError as error:
+            values = ",".join(item for item in job if item.split("=", 1)[0] in swept)
+            return f"job #{number} ({values}) would be refused: {error}"
+    return None
+
+
 class MultirunGuard(Callback):
     """Refuses, before any job starts, a multirun that every job would fail: shared settings a
     run cannot use, or jobs that would start DDP subprocesses."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         launcher = str(config.hydra.launcher.get("_target_", ""))
-        problem = ddp_multirun_problem(config, launcher) or shared_settings_problem(config)
+        problem = (
+            ddp_multirun_problem(config, launcher)
+            or shared_settings_problem(config)
+            or swept_settings_problem(config)
+        )
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(1)
