@@ -54,7 +54,7 @@ def ddp_multirun_problem(cfg: DictConfig, launcher_target: str) -> str | None:
         f"with trainer.devices={cfg.trainer.devices} cannot run inside a -m multirun on this "
         "launcher: Lightning's DDP re-runs the whole command, sweep included, in each child "
         "process (Lightning issue #11300). Use strategy=ddp_spawn for sweeps on one machine, or "
-        "hydra/launcher=submitit_slurm with one task per device."
+        "hydra/launcher=slurm with one task per device."
     )
 
 
