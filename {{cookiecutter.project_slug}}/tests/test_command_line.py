@@ -245,7 +245,11 @@ def test_data_refused_while_loading_is_one_line_whatever_the_logger(tmp_path: Pa
         (tmp_path / "images" / label / "1.png").write_bytes(b"not an image")
     bad_data = ["experiment=image_folder", f"data.root={tmp_path / 'images'}"]
 {%- endif %}
+{%- if cookiecutter.logger == "wandb" %}
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb_dir")}
+{%- else %}
+    env: dict[str, str] = {}
+{%- endif %}
     for logger in ("{{ cookiecutter.logger }}", "csv"):
         cwd = tmp_path / logger
         cwd.mkdir()

@@ -104,9 +104,8 @@ def test_a_local_config_sets_keys_at_the_top_level(tmp_path: Path) -> None:
     """`configs/local/<name>.yaml` holds keys as written at the top level, without a header."""
     (tmp_path / "configs" / "local").mkdir(parents=True)
     (tmp_path / "configs" / "local" / "mine.yaml").write_text("trainer:\n  max_epochs: 1\n")
-    result = run_cli(
-        "-m", PACKAGE, "--config-dir", "configs", "local@_global_=mine", "--cfg", "job", cwd=tmp_path
-    )
+    local = ["--config-dir", "configs", "local@_global_=mine"]
+    result = run_cli("-m", PACKAGE, *local, "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     config = OmegaConf.create(result.stdout)
     assert config.trainer.max_epochs == 1 and "local" not in config

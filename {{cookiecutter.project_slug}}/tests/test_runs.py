@@ -22,7 +22,7 @@ from {{ cookiecutter.package_name }}.runtime import (
 )
 from {{ cookiecutter.package_name }}.train import train
 
-from .helpers import PACKAGE, ComposeFn, compose_config, run_cli
+from .helpers import PACKAGE, ComposeFn, run_cli
 
 
 def test_precision_auto_is_32_on_cpu() -> None:
@@ -210,6 +210,8 @@ def test_the_wandb_start_up_timeout_is_the_configs(
     from {{ cookiecutter.package_name }} import (
         loggers,
     )
+
+    from .helpers import compose_config
 
     waited: list[float] = []
 
