@@ -4,6 +4,7 @@ replaced there, so that the record of a run never shows a command that was refus
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,10 @@ def keep_what_hydra_replaces() -> None:
 
 
 def put_back() -> None:
-    """The record as the refused command found it: earlier files restored, new ones removed."""
+    """The files the refused command replaced, as it found them. (Where there were none, the run
+    directory is the command's own, which goes once nothing but Hydra's files is in it.)"""
     for path, content in replaced.items():
-        try:
-            if content is None:
-                path.unlink(missing_ok=True)
-            else:
+        if content is not None:  # a folder that cannot be written had nothing replaced either
+            with contextlib.suppress(OSError):
                 path.write_bytes(content)
-        except OSError:
-            pass  # a folder that cannot be written: nothing was replaced there either
     replaced.clear()
