@@ -140,6 +140,13 @@ def test_a_log_folder_under_a_file_is_one_line(tmp_path: Path) -> None:
     assert [path.name for path in tmp_path.iterdir()] == ["logs"]
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs a /proc file system")
+def test_a_log_folder_where_none_can_be_made_is_one_line(tmp_path: Path) -> None:
+    line = one_error_line(run_cli("-m", PACKAGE, *TINY, "paths.log_dir=/proc/logs", cwd=tmp_path))
+    assert "cannot make the folder /proc/logs" in line and "paths.log_dir" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine with no GPU")
 def test_a_machine_that_cannot_run_the_settings_is_refused_before_anything_is_written(
     tmp_path: Path,

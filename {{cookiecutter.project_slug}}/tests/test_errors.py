@@ -200,6 +200,8 @@ TRAIN_CASES = {
     "no device index": (["trainer.devices=[]"], ["trainer.devices=[]", "device indices"]),
     "max_epochs below -1": (["trainer.max_epochs=-5"], ["trainer.max_epochs=-5", "-1 or more"]),
     "max_steps below -1": (["trainer.max_steps=-3"], ["trainer.max_steps=-3"]),
+    "no epochs": (["trainer.max_epochs=0"], ["trainer.max_epochs=0", "trains nothing"]),
+    "no steps": (["trainer.max_steps=0"], ["trainer.max_steps=0", "trains nothing"]),
     "full-width numerals": (["trainer.max_epochs='\uff11\uff10'"], ["trainer.max_epochs", "ASCII numerals"]),
     "logging every 0 steps": (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0"]),
     "accumulating 0 batches": (["trainer.accumulate_grad_batches=0"], ["accumulate_grad_batches=0"]),

@@ -56,6 +56,14 @@ def not_writable(error: OSError) -> str:
     return f"cannot write{where} ({reason}): {todo}."
 
 
+def raised_making_a_folder(error: BaseException) -> bool:
+    """Whether `error` came from making a folder (its innermost Python frame is a mkdir)."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace is not None and trace.tb_frame.f_code.co_name in ("mkdir", "makedirs")
+
+
 def file_being_read(error: BaseException) -> str | None:
     """The config file Hydra was reading when `error` was raised (its file source's `full_path`)."""
     trace = error.__traceback__
@@ -117,6 +125,11 @@ def one_line(error: BaseException) -> str | None:
         return f"{where} is not valid YAML ({error.problem or error.context}): fix or remove it."
     if isinstance(error, OSError) and error.errno in NOT_WRITABLE:
         return not_writable(error)
+    if isinstance(error, OSError) and error.errno == errno.ENOENT and raised_making_a_folder(error):
+        return (
+            f"cannot make the folder {error.filename} ({error.strerror}): no folder can be made "
+            "there; write elsewhere with paths.log_dir=<folder>."
+        )
     return None
 
 

@@ -143,8 +143,10 @@ def check_trainer(trainer: DictConfig) -> None:
     fast = trainer.get("fast_dev_run")
     if not (fast is None or isinstance(fast, bool) or (whole(fast) and fast >= 0)):
         raise refuse("trainer.fast_dev_run", fast, "use true, false or a number of batches")
-    check_whole("trainer.max_epochs", trainer.get("max_epochs"), -1)
-    check_whole("trainer.max_steps", trainer.get("max_steps"), -1)
+    for key in ("max_epochs", "max_steps"):
+        check_whole(f"trainer.{key}", trainer.get(key), -1)
+        if trainer.get(key) == 0:
+            raise refuse(f"trainer.{key}", 0, "0 trains nothing: use 1 or more, or -1 for no limit")
     check_whole("trainer.min_epochs", trainer.get("min_epochs"), 0)
     check_whole("trainer.num_nodes", trainer.get("num_nodes", 1), 1)
     check_whole("trainer.log_every_n_steps", trainer.get("log_every_n_steps"), 1)
