@@ -180,6 +180,7 @@ def test_pasted_values_are_quoted_for_hydra(case: str) -> None:
     assert pasteable(typed) == passed
 
 
+@pytest.mark.slow
 def test_printed_paths_and_non_ascii_names_work_pasted_back(tmp_path: Path) -> None:
     """The run directory of a run with overrides, as the "Outputs in" line prints it, pasted into
     eval and into ckpt_path; two non-ASCII names that differ get two directories."""
@@ -227,6 +228,7 @@ def test_a_second_command_on_a_live_run_directory_is_refused(tmp_path: Path) -> 
     assert code == 0, output[-3000:]
 
 
+@pytest.mark.slow
 def test_a_refused_command_leaves_the_runs_record_of_its_config_as_it_was(tmp_path: Path) -> None:
     """Hydra writes `.hydra/` before the command checks anything: a command refused from a run
     directory (other overrides, a bad setting) must not leave its config as the run's record."""
