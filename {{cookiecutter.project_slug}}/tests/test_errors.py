@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,10 @@ from {{ cookiecutter.package_name }}.checkpoints import (
     newest_valid_checkpoint,
 )
 from {{ cookiecutter.package_name }}.cli import _run
-from {{ cookiecutter.package_name }}.errors import TrainingError
+from {{ cookiecutter.package_name }}.errors import (
+    ConfigError,
+    TrainingError,
+)
 from {{ cookiecutter.package_name }}.evaluate import evaluate
 from {{ cookiecutter.package_name }}.export import (
     export as run_export,
@@ -40,6 +44,9 @@ from {{ cookiecutter.package_name }}.sweeps import (
     launches_ddp_subprocesses,
 )
 from {{ cookiecutter.package_name }}.train import train
+from {{ cookiecutter.package_name }}.trained import (
+    load_base_weights,
+)
 
 from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config, run_cli
 {%- if cookiecutter.examples == "language" %}
@@ -316,6 +323,32 @@ def test_bad_eval_input_gets_one_clear_error(
     fails_with(evaluate, eval_config(f"ckpt_path={path.format(dir=written)}"), capsys, *fragments)
     assert snapshot(written) == before
     assert not (tmp_path / "pwned").exists(), "the checkpoint's code ran"
+
+
+def test_adapters_naming_a_base_that_is_no_checkpoint_are_refused_without_reading_it(
+    tmp_path: Path,
+) -> None:
+    """A fine-tuning checkpoint names the file of its frozen base weights, and eval, predict and
+    export hash that file: a pipe or a device would block or never end, a folder that holds
+    no shards would be hashed whole."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    (tmp_path / "folder").mkdir()
+    for base in (pipe, Path("/dev/zero"), tmp_path / "folder"):
+        checkpoint = {"base_weights": {"path": str(base), "sha256": "0" * 64}}
+        refusals: list[str] = []
+
+        def load(checkpoint: dict[str, Any] = checkpoint, refusals: list[str] = refusals) -> None:
+            try:
+                load_base_weights(None, checkpoint, tmp_path / "adapters.ckpt")  # type: ignore[arg-type]
+            except ConfigError as error:
+                refusals.append(str(error))
+
+        reader = threading.Thread(target=load, daemon=True)
+        reader.start()
+        reader.join(timeout=30)
+        assert not reader.is_alive(), f"reading {base} did not end"
+        assert len(refusals) == 1 and "is not a checkpoint" in refusals[0], refusals
 
 
 SWITCHES_OF_COMMANDS = {

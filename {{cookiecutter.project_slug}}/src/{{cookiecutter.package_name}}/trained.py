@@ -20,6 +20,7 @@ from .checkpoints import check_same_model, first_line, read_checkpoint
 from .errors import ConfigError
 from .models.lora import is_adapter
 from .recipe_steps import config_errors
+from .sharded_checkpoints import is_sharded
 from .targets import check_targets
 
 
@@ -127,14 +128,24 @@ def load_base_weights(
             "checkpoint's path and SHA-256): it was not written by this project's train command."
         )
     path = Path(base["path"])
+    adapters = f"ckpt_path={ckpt_path} holds LoRA adapters for the weights in {path}"
     if not path.exists():
         raise ConfigError(
-            f"ckpt_path={ckpt_path} holds LoRA adapters for the weights in {path}, which is "
-            f"missing: put that checkpoint back there (SHA-256 {base['sha256'][:16]}...)."
+            f"{adapters}, which is missing: put that checkpoint back there (SHA-256 "
+            f"{base['sha256'][:16]}...)."
         )
-    if file_digest(path) != base["sha256"]:
+    if not (path.is_file() or is_sharded(path)):
         raise ConfigError(
-            f"ckpt_path={ckpt_path} holds LoRA adapters for the weights in {path}, but that file "
-            "has changed since the fine-tuning run started: restore the original file."
+            f"{adapters}, which is not a checkpoint (a file, or a folder of shards) but a folder, "
+            "a device or a pipe: the adapters were not written by this project's train command."
+        )
+    try:
+        digest = file_digest(path)
+    except OSError as error:
+        raise ConfigError(f"{adapters}, which cannot be read ({first_line(error)}).") from error
+    if digest != base["sha256"]:
+        raise ConfigError(
+            f"{adapters}, but that file has changed since the fine-tuning run started: restore "
+            "the original file."
         )
     load_init_weights(model, path)
