@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +353,10 @@ def test_a_prepare_failing_while_writing_leaves_no_staging_folder(
     assert files_in(tmp_path) == []
 
 
+def first_shard(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["splits"]["train"]["shards"][0]  # type: ignore[no-any-return]
+
+
 def copy_of(prepared: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(prepared, tmp_path / "copy"))
 
@@ -390,6 +395,24 @@ def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:
     (garbled / MANIFEST).write_text(json.dumps({"format": 1}))
     with pytest.raises(ConfigError, match=r"is not a manifest of this project's token shards"):
         TokenShardDataModule(str(garbled), vocab_size=300)
+
+    tampered: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+        "object dtype": (lambda m: m.update(dtype="|O"), "dtype '|O'"),
+        "float dtype": (lambda m: m.update(dtype="<f8"), "dtype '<f8'"),
+        "no vocabulary": (lambda m: m.update(vocab_size=0), "vocab_size 0"),
+        "a vocabulary past uint32": (lambda m: m.update(vocab_size=2**40), "vocab_size"),
+        "negative tokens": (lambda m: first_shard(m).update(tokens=-5), "count of tokens"),
+        "tokens as text": (lambda m: first_shard(m).update(tokens="many"), "count of tokens"),
+        "no checksum": (lambda m: first_shard(m).pop("sha256"), "sha256"),
+    }
+    for case, (tamper, named) in tampered.items():
+        folder = copy_of(prepared, tmp_path / case.replace(" ", "_"))
+        manifest = read_manifest(folder)
+        tamper(manifest)
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(ConfigError, match="is not a manifest of this") as refused:
+            TokenShardDataModule(str(folder), vocab_size=300)
+        assert named in str(refused.value), case
 
     for name, tokenizer in (("no_tokenizer", None), ("bad_tokenizer", "garbage")):
         folder = copy_of(prepared, tmp_path / name)

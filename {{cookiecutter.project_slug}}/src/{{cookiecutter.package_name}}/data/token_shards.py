@@ -42,6 +42,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def whole(value: Any, low: int, high: float = math.inf) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.is_file():
@@ -61,10 +65,18 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
         manifest = json.loads(text)
         if manifest.get("format") != FORMAT or set(manifest["splits"]) != set(SPLITS):
             raise ValueError("unknown format")
+        if manifest["dtype"] not in ("<u2", "<u4"):
+            raise ValueError(f"dtype {manifest['dtype']!r} is not <u2 or <u4")
+        if not whole(manifest["vocab_size"], 1, 2**32):
+            raise ValueError(
+                f"vocab_size {manifest['vocab_size']!r} is not a whole number from 1 to 2**32"
+            )
         for split in SPLITS:
             for shard in manifest["splits"][split]["shards"]:
                 if Path(shard["file"]).name != shard["file"] or shard["file"] in ("", ".", ".."):
                     raise ValueError(f"shard {shard['file']!r} is not a file in the folder")
+                if not whole(shard["tokens"], 0) or not isinstance(shard["sha256"], str):
+                    raise ValueError(f"shard {shard['file']!r} has no count of tokens and SHA-256")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(
             f"{where} is not a manifest of this project's token shards ({error}): write the "
