@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 PHASES = (
     "sanity_check",  # a batch of the sanity check
     "train_step",  # the end of training step `at`, before that step's checkpoint
+    "train_batch",  # the end of the `at`-th training batch (with accumulation, maybe mid-step)
     "validation",  # a batch of the `at`-th validation inside fit
     "checkpoint_write",  # half-way through writing the `at`-th checkpoint file
     "shard_write",  # the `at`-th folder of shards written, but not its .metadata (in the background)
@@ -131,6 +132,7 @@ class FaultAt(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
         self.reached(trainer, "train_step", trainer.global_step)
+        self.reached(trainer, "train_batch")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.reached(trainer, "epoch_end")

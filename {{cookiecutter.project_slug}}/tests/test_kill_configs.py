@@ -60,6 +60,27 @@ MAX_STEPS_PHASES = {
 }
 
 
+# Steps across epochs of four, a validation every 7 steps and a step checkpoint every 2: the save
+# due at step 4, an epoch's last batch, Lightning puts off until the validation at step 7.
+DEFERRED_SAVE_RUN = [
+    *COMMON, "trainer.max_epochs=-1", "trainer.max_steps=10", "trainer.val_check_interval=7",
+    "trainer.check_val_every_n_epoch=null", "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
+    "callbacks.step_checkpoint.every_n_train_steps=2",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_save_put_off_until_validation_is_made_by_a_run_resumed_before_it(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Killed at step 7, before its validation: the run resumes from step 6's checkpoint, which
+    must carry the save still owed from step 4 (the resumed run lacked a checkpoint file)."""
+    command = [*DEFERRED_SAVE_RUN, *fault("train_step", 7, tmp_path / "fired")]
+    killed_then_finished(command, tmp_path / "run")
+    assert_same_outcome(reference_run(DEFERRED_SAVE_RUN), tmp_path / "run")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", list(MAX_STEPS_PHASES))
 def test_max_steps_run_killed_in_a_phase_finishes_exactly(

@@ -63,6 +63,26 @@ def test_signal_in_a_phase_exits_143_and_the_same_command_finishes_exactly(
     assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
 
 
+ACCUMULATING = [*SMALL_RUN, "trainer.accumulate_grad_batches=2"]
+
+
+@pytest.mark.slow
+def test_a_signal_inside_a_gradient_accumulation_window_saves_where_the_window_ends(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """SIGTERM after batch 3, the first half of step 2's window: batch 4 ends step 2, which a
+    validation follows, batch 5 opens step 3's window, and batch 6 ends it: the save is there.
+    Saving at batch 3 lost its gradient, and the resumed run's weights differed."""
+    command = [*ACCUMULATING, *fault("train_batch", 3, tmp_path / "fired", "SIGTERM")]
+    code, output = run(command, tmp_path / "run")
+    assert code == 143, output[-3000:]
+    last = run_dir(tmp_path / "run") / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    code, output = run(command, tmp_path / "run")
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run(ACCUMULATING), tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_signal_after_the_test_lets_the_finished_run_end_with_0(
     tmp_path: Path, reference_run: References

@@ -65,7 +65,8 @@ def stop(trainer: L.Trainer, where: str, saved: Path | None, requeue: bool = Tru
 class Preemption(Checkpoint):
     """Where a run stops on SIGTERM, SIGUSR1 or SIGUSR2 (which `stop_signals` only records).
 
-    - Training: at the next step boundary after which no validation is due, every rank saves a
+    - Training: at the next optimizer step (the end of a gradient accumulation window) after
+      which no validation is due, every rank saves a
       checkpoint, and the run stops. With several processes the ranks agree on the signal every
       `sync_every_n_steps` steps (a collective and a host sync), not at every step.
     - Validation inside training: it finishes, and training stops at the step after it.
@@ -118,6 +119,8 @@ class Preemption(Checkpoint):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if trainer.fit_loop._should_accumulate():
+            return  # inside an accumulation window: its gradients are in no checkpoint
         signalled = stop_signals.received() is not None
         if trainer.world_size > 1:
             if trainer.global_step % self.sync_every_n_steps:

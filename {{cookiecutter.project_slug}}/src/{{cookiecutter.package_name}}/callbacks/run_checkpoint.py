@@ -1,15 +1,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, except that the checkpoint a run resumed from goes like any
-    other once `save_top_k` newer ones exist. Lightning keeps it for ever: files piled up across
-    repeated kills, and a run resumed from its best checkpoint kept it beside the next best."""
+    """Lightning's ModelCheckpoint, except that:
+
+    - the checkpoint a run resumed from goes like any other once `save_top_k` newer ones exist.
+      Lightning keeps it for ever: files piled up across repeated kills, and a run resumed from
+      its best checkpoint kept it beside the next best;
+    - a save that Lightning put off until the next validation (due at an epoch's last batch, or
+      before the monitored metric exists) is in the checkpoint's state, so that a run resumed
+      before that validation still makes it there. Lightning forgets it, and the resumed run
+      ended without a checkpoint file that the uninterrupted run had.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        deferred = bool(getattr(self, "_defer_save_until_validation", False))
+        return {**super().state_dict(), "save_deferred_to_validation": deferred}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._defer_save_until_validation = bool(
+            state_dict.get("save_deferred_to_validation", False)
+        )
 
     def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
         inside = Path(self.dirpath or "").absolute() in Path(previous).absolute().parents
