@@ -16,7 +16,7 @@ import torch
 
 from {{ cookiecutter.package_name }}.run_names import pasteable
 
-from .helpers import PACKAGE, run_cli
+from .helpers import PACKAGE, PROJECT_ROOT, run_cli
 from .killing import COMMON, SMALL_SHAPE, fault, run, start
 
 QUICK = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
@@ -155,6 +155,30 @@ def test_a_machine_that_cannot_run_the_settings_is_refused_before_anything_is_wr
     result = run_cli("-m", PACKAGE, "trainer=gpu", "extras.print_config=false", cwd=tmp_path)
     assert "trainer=cpu" in one_error_line(result)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_in_training_starts_its_own_line_after_the_progress_bar(tmp_path: Path) -> None:
+    """In a terminal the progress bar (stdout) and the error (stderr) share the screen: the
+    error line was glued to the end of the bar's."""
+    with_bar = [arg for arg in TINY if arg != "callbacks.progress_bar=null"]
+    nan = ["allowed_targets=[tests.faults.NanGradientAt]",
+           "+callbacks.nan._target_=tests.faults.NanGradientAt", "+callbacks.nan.steps=[2]"]  # fmt: skip
+    screen = subprocess.run(
+        [sys.executable, "-m", PACKAGE, *with_bar, *nan],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert screen.returncode == 1, screen.stdout[-3000:]
+    assert "Epoch 0" in screen.stdout, "the progress bar was drawn"
+    lines = screen.stdout.strip().split("\n")
+    assert lines[-1].startswith("error: Non-finite"), lines[-1][-500:]
 
 
 def test_full_errors_stay_available(tmp_path: Path) -> None:

@@ -95,6 +95,15 @@ check_hydra_callbacks()
 check_logging_configs()
 
 
+def end_progress_bars() -> None:
+    """Progress bars that an error interrupted end their lines (on stdout), so that in a terminal
+    the error line starts a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+    sys.stdout.flush()
+
+
 def _run(task: Any, cfg: DictConfig) -> float | None:
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
@@ -120,6 +129,7 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
         if isinstance(error, ConfigError):
             run_record.put_back()
         remove_unused_run_dir()
+        end_progress_bars()
         print(f"error: {line}", file=sys.stderr)
         sys.exit(1)
     name = cfg.get("optimized_metric")
