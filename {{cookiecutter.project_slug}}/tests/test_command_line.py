@@ -181,6 +181,29 @@ def test_an_error_in_training_starts_its_own_line_after_the_progress_bar(tmp_pat
     assert lines[-1].startswith("error: Non-finite"), lines[-1][-500:]
 
 
+@pytest.mark.parametrize("metric", ["val/nothing", "train/nothing"])
+def test_a_monitored_metric_that_is_not_logged_is_one_line_and_leaves_nothing(
+    tmp_path: Path, metric: str
+) -> None:
+    """A validation metric is refused at the end of the sanity check, before any batch trains;
+    a training metric once training has logged (Lightning's check), and what the new run wrote
+    goes with it."""
+    record = ["allowed_targets=[tests.faults.RecordBatches]",
+              "+callbacks.record._target_=tests.faults.RecordBatches",
+              f"+callbacks.record.path={tmp_path / 'batches.txt'}"]  # fmt: skip
+    work = tmp_path / "work"
+    work.mkdir()
+    importable = {"PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = run_cli("-m", PACKAGE, *TINY, *record, "trainer.log_every_n_steps=1",
+                     f"monitor.metric={metric}", cwd=work,
+                     env=importable)  # fmt: skip
+    line = one_error_line(result)
+    assert f"monitor.metric={metric} is not a metric that the run logs" in line
+    assert not list(work.iterdir()), "nothing written"
+    trained = (tmp_path / "batches.txt.rank0").is_file()
+    assert trained == metric.startswith("train"), "a validation metric is refused before training"
+
+
 def test_full_errors_stay_available(tmp_path: Path) -> None:
     result = run_cli("-m", PACKAGE, "sed=3", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode == 1 and "Traceback" in result.stderr

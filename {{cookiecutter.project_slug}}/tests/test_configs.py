@@ -55,9 +55,15 @@ def test_data_instantiates(train_config: ComposeFn, option: str, tmp_path: Path)
         return
     datamodule = instantiate(data)
     assert hasattr(datamodule, "train_dataloader")
+{%- if cookiecutter.examples != "vision" %}
 
 
 PARAMETERS_THE_README_STATES = {"gpt2_medium": "303M", "gpt_1b": "1211M"}
+{%- else %}
+
+
+PARAMETERS_THE_README_STATES: dict[str, str] = {}
+{%- endif %}
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")))

@@ -208,6 +208,8 @@ TRAIN_CASES = {
     "max_epochs below -1": (["trainer.max_epochs=-5"], ["trainer.max_epochs=-5", "-1 or more"]),
     "max_steps below -1": (["trainer.max_steps=-3"], ["trainer.max_steps=-3"]),
     "no epochs": (["trainer.max_epochs=0"], ["trainer.max_epochs=0", "trains nothing"]),
+    "a monitored metric that validation does not log": (["monitor.metric=val/nothing"], ["monitor.metric=val/nothing", "val/loss"]),
+    "a monitored metric that training does not log": (["monitor.metric=train/nothing"], ["monitor.metric=train/nothing", "val/loss"]),
     "no steps": (["trainer.max_steps=0"], ["trainer.max_steps=0", "trains nothing"]),
     "full-width numerals": (["trainer.max_epochs='\uff11\uff10'"], ["trainer.max_epochs", "ASCII numerals"]),
     "logging every 0 steps": (["trainer.log_every_n_steps=0"], ["trainer.log_every_n_steps=0"]),
@@ -335,7 +337,8 @@ def test_adapters_naming_a_base_that_is_no_checkpoint_are_refused_without_readin
     os.mkfifo(pipe)
     (tmp_path / "folder").mkdir()
     for base in (pipe, Path("/dev/zero"), tmp_path / "folder"):
-        checkpoint = {"base_weights": {"path": str(base), "sha256": "0" * 64}}
+        named = {"path": str(base), "sha256": "0" * 64}
+        checkpoint = {"base_weights": named}
         refusals: list[str] = []
 
         def load(checkpoint: dict[str, Any] = checkpoint, refusals: list[str] = refusals) -> None:

@@ -20,8 +20,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
 from . import run_lock, stop_signals
-from .callbacks import ExactResume, RunConfigInCheckpoint
+from .callbacks import ExactResume, MonitoredMetricLogged, RunConfigInCheckpoint
 from .callbacks.exact_resume import fit_state
+from .callbacks.monitored_metric import MetricNotLogged, not_logged
 from .callbacks.preemption import stop
 from .checkpoints import (
     UNREADABLE,
@@ -114,11 +115,8 @@ def fit_setting_errors(cfg: DictConfig) -> Iterator[None]:
         logged = re.search(r"any of the following: (.*)$|returned metrics: \[(.*?)\]", str(error))
         if logged is None:
             raise
-        names = ", ".join(re.findall(r"[`']([^`']+)[`']", logged.group(1) or logged.group(2)))
-        raise ConfigError(
-            f"monitor.metric={OmegaConf.select(cfg, 'monitor.metric')} is not a metric that the "
-            f"run logs ({names}): set monitor.metric to one of them."
-        ) from error
+        names = re.findall(r"[`']([^`']+)[`']", logged.group(1) or logged.group(2))
+        raise not_logged(str(OmegaConf.select(cfg, "monitor.metric")), names) from error
     except ValueError as error:
         if "`val_check_interval`" not in str(error):
             raise
@@ -354,17 +352,20 @@ def bad_data_leaves_no_logs(
 ) -> Iterator[None]:
     """Data that the data module refuses while it sets up (a file that does not decode, a shard
     that fails its checksum) is bad input like any other: what the loggers started in the run
-    folder goes, so that the folder, holding only what was there before, can go too."""
+    folder goes, so that the folder, holding only what was there before, can go too. So does
+    what a new run trained before its monitored metric turned out not to be logged."""
     try:
         yield
-    except ConfigError:
-        if trainer.global_step == 0 and output_dir.is_dir():
+    except ConfigError as error:
+        checkpoints = output_dir / "checkpoints"
+        discard = isinstance(error, MetricNotLogged) and checkpoints not in found
+        if (trainer.global_step == 0 or discard) and output_dir.is_dir():
             for logger in trainer.loggers:  # a tracker's run writes its last files as it ends
                 finish = getattr(getattr(logger, "_experiment", None), "finish", None)
                 if callable(finish):
                     finish(exit_code=1)
             for path in set(output_dir.iterdir()) - found:
-                if path.is_dir() and path.name != "checkpoints":
+                if path.is_dir() and (path != checkpoints or discard):
                     shutil.rmtree(path, ignore_errors=True)
         raise
 
@@ -412,7 +413,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     with config_errors():
         loggers = instantiate_loggers(cfg.get("logger"))
         callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
+        monitored = OmegaConf.select(cfg, "monitor.metric", default=None)
         callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
+        callbacks += [MonitoredMetricLogged(str(monitored) if monitored else None)]
         trainer = build_trainer(cfg, machine, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
     log_memory_plan(cfg, machine.precision, machine.accelerator, trainer)

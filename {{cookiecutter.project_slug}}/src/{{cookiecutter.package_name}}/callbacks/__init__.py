@@ -1,6 +1,7 @@
 """Callbacks of this project; Lightning's own are configured in `configs/callbacks`."""
 
 from .exact_resume import ExactResume
+from .monitored_metric import MonitoredMetricLogged
 from .non_finite import NonFiniteGuard
 from .preemption import Preempted, Preemption
 from .run_checkpoint import RunCheckpoint
@@ -10,6 +11,7 @@ from .throughput import Throughput
 
 __all__ = [
     "ExactResume",
+    "MonitoredMetricLogged",
     "NonFiniteGuard",
     "Preempted",
     "Preemption",
