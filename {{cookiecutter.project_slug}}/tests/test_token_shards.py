@@ -238,6 +238,7 @@ BAD_PREPARE_SETTINGS = {
     "source only hidden files": (["source={tmp}/hidden"], ["no files in it"]),
     "source a file that is not UTF-8": (["source={tmp}/latin1.txt"], ["latin1.txt is not UTF-8 text", "iconv"]),
     "source a folder of binaries": (["source={tmp}/binaries"], ["holds no text", "2 files are not UTF-8"]),
+    "source a folder of token shards": (["source={tmp}/shards"], ["is a folder of token shards", "data.path="]),
 }  # fmt: skip
 
 
@@ -258,9 +259,10 @@ def files_in(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", list(BAD_PREPARE_SETTINGS))
 def test_bad_prepare_settings_get_one_line_before_the_corpus_is_read(
-    case: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    case: str, corpus: Path, prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    shutil.copytree(prepared, tmp_path / "shards")
     (tmp_path / "blank.txt").write_text("\n \n")
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
     (tmp_path / "binaries").mkdir()

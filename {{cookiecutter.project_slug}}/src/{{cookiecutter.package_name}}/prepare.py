@@ -170,6 +170,12 @@ def source_files(source: str, output: Path | None = None) -> list[Path]:
             raise ConfigError(f"source={source} matches no files.")
         return files
     if source not in NAMED_CORPORA and Path(source).is_dir():
+        if is_prepared(Path(source)):
+            raise ConfigError(
+                f"source={source} is a folder of token shards (this command's output), not text: "
+                "point source at the text they were prepared from, or train on them with "
+                f"data.path={source}."
+            )
         return folder_files(Path(source), source, skipped)
     return corpus_files(source, "source")
 

@@ -56,8 +56,8 @@ def hold(folder: Path, elsewhere: str = "pick another run_name=...") -> Iterator
             owner = os.pread(descriptor, 200, 0).decode(errors="replace").strip()
             pid = owner.split()[0] if owner else "<pid>"
             raise ConfigError(
-                f"{folder} is in use by process {owner or 'another process'} (the same command, "
-                f"still running): wait for it to end, stop it (kill {pid}), or {elsewhere}"
+                f"{folder} is in use by process {owner or 'another process'} (a command still "
+                f"running there): wait for it to end, stop it (kill {pid}), or {elsewhere}"
             ) from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
