@@ -3,6 +3,7 @@ device: their shapes and parameter counts, without filling memory)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,22 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from .helpers import CONFIG_DIR, PACKAGE, ComposeFn, run_cli
+from .helpers import CONFIG_DIR, PACKAGE, PROJECT_ROOT, ComposeFn, run_cli
 
 GROUPS = ["data", "model", "trainer", "callbacks", "logger", "debug", "experiment"]
 OPTIONS = [
     (group, path.stem) for group in GROUPS for path in sorted((CONFIG_DIR / group).glob("*.yaml"))
 ]
+
+
+@pytest.mark.parametrize(
+    "group", ["data", "model", "trainer", "strategy", "hparams_search", "logger", "experiment"]
+)
+def test_the_readmes_config_tree_lists_every_option(group: str) -> None:
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith(f"| `{group}/` |")]
+    listed = set(re.findall(r"`([^`/]+)`", row.split("|")[3]))
+    assert listed == {path.stem for path in (CONFIG_DIR / group).glob("*.yaml")}
 
 
 def experiment_using(group: str, option: str) -> list[str]:
