@@ -316,6 +316,31 @@ def test_data_refused_while_loading_is_one_line_whatever_the_logger(tmp_path: Pa
         assert not list(cwd.iterdir()), "nothing written"
 
 
+def test_a_validation_interval_longer_than_an_epoch_is_one_line_whatever_the_logger(
+    tmp_path: Path,
+) -> None:
+    """Refused once the data is loaded, before a logger starts a run and prints about it."""
+{%- if cookiecutter.examples != "vision" %}
+    data = ["experiment=language", "data.max_bytes=100000"]
+{%- else %}
+    data = ["experiment=digits"]
+{%- endif %}
+    interval = ["trainer.val_check_interval=100000", "trainer.check_val_every_n_epoch=1"]
+{%- if cookiecutter.logger == "wandb" %}
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb_dir")}
+{%- else %}
+    env: dict[str, str] = {}
+{%- endif %}
+    for logger in dict.fromkeys(("{{ cookiecutter.logger }}", "csv")):  # once where they are one
+        cwd = tmp_path / logger
+        cwd.mkdir()
+        result = run_cli(
+            "-m", PACKAGE, "trainer=cpu", f"logger={logger}", *data, *interval, cwd=cwd, env=env
+        )
+        assert "val_check_interval=100000" in one_error_line(result)
+        assert not list(cwd.iterdir()), "nothing written"
+
+
 NOISE = (
     "litlogger", "litmodels", "LeafSpec", "dirpath has changed", "anonymous setting",
     "already configured with model summary", "weights_only` was not set", "INFO: Seed set",

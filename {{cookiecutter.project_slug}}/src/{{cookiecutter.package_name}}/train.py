@@ -120,12 +120,35 @@ def fit_setting_errors(cfg: DictConfig) -> Iterator[None]:
     except ValueError as error:
         if "`val_check_interval`" not in str(error):
             raise
-        interval = cfg.trainer.get("val_check_interval")
-        raise ConfigError(
-            f"trainer.val_check_interval={interval} is more than the training batches of an "
-            "epoch: lower it, or set trainer.check_val_every_n_epoch=null to count batches "
-            "across epochs."
-        ) from error
+        raise interval_too_long(cfg.trainer.get("val_check_interval")) from error
+
+
+def interval_too_long(interval: Any) -> ConfigError:
+    return ConfigError(
+        f"trainer.val_check_interval={interval} is more than the training batches of an epoch: "
+        "lower it, or set trainer.check_val_every_n_epoch=null to count batches across epochs."
+    )
+
+
+def check_validation_interval(cfg: DictConfig, datamodule: Any) -> None:
+    """A validation interval longer than an epoch, refused before a logger starts a run and
+    prints (Lightning refuses it once they have), where the data is loaded by then. The count of
+    one process bounds each one's under DDP; the cases in between are left to Lightning."""
+    interval, limit = cfg.trainer.get("val_check_interval"), cfg.trainer.get("limit_train_batches")
+    if not isinstance(interval, int) or isinstance(interval, bool):
+        return
+    if cfg.trainer.get("check_val_every_n_epoch") is None:
+        return
+    try:
+        batches = len(datamodule.train_dataloader())
+    except TypeError:  # an iterable data set has no length
+        return
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        batches = min(batches, limit)
+    elif isinstance(limit, float):
+        batches = int(batches * limit)
+    if interval > batches:
+        raise interval_too_long(interval)
 
 
 def check_trained_something(trainer: L.Trainer, cfg: DictConfig) -> None:
@@ -336,7 +359,7 @@ def save_finished_fit(trainer: L.Trainer, progress: ExactResume, cfg: DictConfig
     return str(path)
 
 
-def load_data_before_loggers(datamodule: Any) -> None:
+def load_data_before_loggers(datamodule: Any) -> bool:
     """Data that the data module refuses (a file that does not decode, a shard that fails its
     checksum) is refused before a logger starts its run and prints about it. Only where loading
     is known to be safe to do early and once: the project's data modules that download nothing;
@@ -344,6 +367,8 @@ def load_data_before_loggers(datamodule: Any) -> None:
     downloads = type(datamodule).prepare_data is not L.LightningDataModule.prepare_data
     if isinstance(datamodule, SplitDataModule) and not downloads:
         datamodule.setup("fit")
+        return True
+    return False
 
 
 @contextmanager
@@ -407,7 +432,8 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)
-    load_data_before_loggers(datamodule)
+    if load_data_before_loggers(datamodule):
+        check_validation_interval(cfg, datamodule)
     output_dir = Path(cfg.paths.output_dir)
     found = set(output_dir.iterdir()) if output_dir.is_dir() else set()
     with config_errors():
