@@ -204,6 +204,30 @@ def test_a_monitored_metric_that_is_not_logged_is_one_line_and_leaves_nothing(
     assert trained == metric.startswith("train"), "a validation metric is refused before training"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", ["metric not logged", "non-finite loss"])
+def test_an_error_in_a_spawned_process_is_one_line_and_leaves_nothing(
+    tmp_path: Path, problem: str
+) -> None:
+    """Under strategy=ddp_spawn torch hands the command only the processes' tracebacks as text:
+    the project's error in them is still the one line, and what the run wrote goes."""
+    importable = {"PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    bad, words = {
+        "metric not logged": (["monitor.metric=val/nothing"], "monitor.metric=val/nothing"),
+        "non-finite loss": (["allowed_targets=[tests.faults.NanGradientAt]",
+                             "+callbacks.nan._target_=tests.faults.NanGradientAt",
+                             "+callbacks.nan.steps=[1]"], "Non-finite"),
+    }[problem]  # fmt: skip
+    spawned = ["strategy=ddp_spawn", "trainer.devices=2", "trainer.log_every_n_steps=1"]
+    result = run_cli("-m", PACKAGE, *TINY, *spawned, *bad, cwd=tmp_path, env=importable)
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and words in last, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    if problem == "metric not logged":
+        assert not list(tmp_path.iterdir()), "nothing written"
+
+
 def test_full_errors_stay_available(tmp_path: Path) -> None:
     result = run_cli("-m", PACKAGE, "sed=3", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode == 1 and "Traceback" in result.stderr

@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from . import command_errors, run_record, stop_signals
-from .errors import ConfigError, TrainingError
+from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .run_names import pasteable, register_run_name_resolver, verbatim
 from .targets import check_hydra_callbacks, check_logging_configs
 
@@ -117,7 +117,10 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
                 f"{', '.join(missing)} must be set: add e.g. {missing[0]}=... to the command."
             )
         metrics = task(cfg)
-    except (ConfigError, TrainingError, OSError) as error:
+    except Exception as raised:
+        error = raised_by_a_spawned_process(raised) or raised
+        if not isinstance(error, (ConfigError, TrainingError, OSError)):
+            raise
         line = (
             command_errors.one_line(error) if isinstance(error, OSError)
             else command_errors.without_worker_trace(str(error))

@@ -33,7 +33,7 @@ from .checkpoints import (
     read_fit_state,
 )
 from .data.base import SplitDataModule
-from .errors import ConfigError, TrainingError
+from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device
 from .memory_plan import fit_warning, plan_for_run, shards_itself
@@ -108,19 +108,24 @@ def check_image_size(datamodule: L.LightningDataModule, net: Any) -> None:
 
 @contextmanager
 def fit_setting_errors(cfg: DictConfig) -> Iterator[None]:
-    """What Lightning finds only once it counts the training batches, as one line."""
+    """What Lightning finds only once it counts the training batches, as one line; under
+    `strategy=ddp_spawn` the processes' errors arrive as their tracebacks' text."""
     try:
         yield
-    except (RuntimeError, MisconfigurationException) as error:
-        logged = re.search(r"any of the following: (.*)$|returned metrics: \[(.*?)\]", str(error))
+    except Exception as error:
+        ours = raised_by_a_spawned_process(error)
+        if ours is not None:
+            raise ours from error
+        spawned = type(error).__name__ == "ProcessRaisedException"  # its text ends as the child's
+        if (isinstance(error, ValueError) or spawned) and "`val_check_interval`" in str(error):
+            raise interval_too_long(cfg.trainer.get("val_check_interval")) from error
+        lightnings = isinstance(error, (RuntimeError, MisconfigurationException)) or spawned
+        pattern = r"any of the following: (.*)$|returned metrics: \[(.*?)\]"
+        logged = re.search(pattern, str(error)) if lightnings else None
         if logged is None:
             raise
         names = re.findall(r"[`']([^`']+)[`']", logged.group(1) or logged.group(2))
         raise not_logged(str(OmegaConf.select(cfg, "monitor.metric")), names) from error
-    except ValueError as error:
-        if "`val_check_interval`" not in str(error):
-            raise
-        raise interval_too_long(cfg.trainer.get("val_check_interval")) from error
 
 
 def interval_too_long(interval: Any) -> ConfigError:
