@@ -12,8 +12,10 @@ One record (`checkpoint["exact_resume"]`) holds what Lightning's own checkpoint 
 - whether `fit` had finished, and its best checkpoint (the recipe then only tests).
 
 Lightning resumes a checkpoint taken at a step that a validation follows as if that validation had
-run, so nothing here saves there: `validation_follows` tells the savers (`StepCheckpoint`,
-`Preemption`) to wait for the next step.
+run, and one taken at an epoch's last batch one epoch behind; one taken inside a gradient
+accumulation window holds none of its gradients. So nothing here saves there:
+`no_resumable_save_here` tells the savers (`StepCheckpoint`, `Preemption`) to wait for the next
+step where a checkpoint resumes exactly.
 """
 
 from __future__ import annotations
@@ -39,6 +41,20 @@ def validation_follows(trainer: L.Trainer) -> bool:
     loop = trainer.fit_loop.epoch_loop
     fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
     return fetcher is not None and loop._should_check_val_fx(fetcher)
+
+
+def mid_window(trainer: L.Trainer) -> bool:
+    """Whether the training batch that is ending leaves gradients accumulated for a step that is
+    not taken yet: a checkpoint here would hold none of them."""
+    return bool(trainer.fit_loop._should_accumulate())
+
+
+def no_resumable_save_here(trainer: L.Trainer) -> bool:
+    """Whether a checkpoint taken as this training batch ends would not resume exactly: inside a
+    gradient accumulation window, before a validation (Lightning resumes as if it had run), or
+    at an epoch's last batch (Lightning resumes it one epoch behind)."""
+    last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    return mid_window(trainer) or validation_follows(trainer) or bool(last_batch)
 
 
 def fit_state(checkpoint: dict[str, Any]) -> dict[str, Any]:

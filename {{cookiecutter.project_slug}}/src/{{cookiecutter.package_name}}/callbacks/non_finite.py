@@ -108,6 +108,15 @@ class NonFiniteGuard(Callback):
                 f"than callbacks.non_finite.max_skipped={self.max_skipped}: training stopped."
             )
 
+    def state_dict(self) -> dict[str, Any]:
+        """The steps skipped so far, those not yet checked included (Lightning asks for this
+        before `on_save_checkpoint` checks them): a resumed run goes on counting to max_skipped."""
+        pending = int(self.pending) if self.pending is not None else 0
+        return {"skipped": self.skipped + pending}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.skipped = int(state_dict.get("skipped", 0))
+
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:

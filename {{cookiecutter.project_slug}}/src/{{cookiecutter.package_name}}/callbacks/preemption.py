@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from .. import stop_signals
 from ..checkpoints import finish_checkpoint_writes
-from .exact_resume import validation_follows
+from .exact_resume import mid_window, no_resumable_save_here
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,11 @@ def stop(trainer: L.Trainer, where: str, saved: Path | None, requeue: bool = Tru
 class Preemption(Checkpoint):
     """Where a run stops on SIGTERM, SIGUSR1 or SIGUSR2 (which `stop_signals` only records).
 
-    - Training: at the next optimizer step (the end of a gradient accumulation window) after
-      which no validation is due, every rank saves a
+    - Training: at the next optimizer step (the end of a gradient accumulation window) that is
+      not an epoch's last batch and after which no validation is due, every rank saves a
       checkpoint, and the run stops. With several processes the ranks agree on the signal every
-      `sync_every_n_steps` steps (a collective and a host sync), not at every step.
+      `sync_every_n_steps` steps (a collective and a host sync), not at every step; once they
+      have, they stop at the same next such step.
     - Validation inside training: it finishes, and training stops at the step after it.
     - Sanity check and test: at the next batch, with nothing to save (before training there is
       none; during the test, training is already saved as finished).
@@ -89,6 +90,7 @@ class Preemption(Checkpoint):
         self.path = Path(dirpath) / filename
         self.requeue = requeue
         self.sync_every_n_steps = max(1, sync_every_n_steps)
+        self.stopping = False
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         stop_signals.reassert()
@@ -119,14 +121,16 @@ class Preemption(Checkpoint):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if trainer.fit_loop._should_accumulate():
+        if mid_window(trainer):
             return  # inside an accumulation window: its gradients are in no checkpoint
-        signalled = stop_signals.received() is not None
-        if trainer.world_size > 1:
-            if trainer.global_step % self.sync_every_n_steps:
-                return
-            signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
-        if not signalled or validation_follows(trainer):
+        if not self.stopping:
+            signalled = stop_signals.received() is not None
+            if trainer.world_size > 1:
+                if trainer.global_step % self.sync_every_n_steps:
+                    return
+                signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
+            self.stopping = signalled  # every rank agreed on it at the same step
+        if not self.stopping or no_resumable_save_here(trainer):
             return
         received = stop_signals.received()
         name = received.name if received else "a signal on another rank"

@@ -6,6 +6,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from .exact_resume import mid_window
+
 
 class RunCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, except that:
@@ -19,9 +21,26 @@ class RunCheckpoint(ModelCheckpoint):
       ended without a checkpoint file that the uninterrupted run had.
     """
 
+    paying_deferred_save = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if mid_window(trainer):
+            return  # a checkpoint here would hold none of the window's gradients
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.paying_deferred_save = bool(getattr(self, "_defer_save_until_validation", False))
+        try:
+            super().on_validation_end(trainer, pl_module)
+        finally:
+            self.paying_deferred_save = False
+
     def state_dict(self) -> dict[str, Any]:
         deferred = bool(getattr(self, "_defer_save_until_validation", False))
-        return {**super().state_dict(), "save_deferred_to_validation": deferred}
+        owed = deferred and not self.paying_deferred_save  # the save being written pays it
+        return {**super().state_dict(), "save_deferred_to_validation": owed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

@@ -4,14 +4,16 @@ from typing import Any
 
 import lightning as L
 
-from .exact_resume import validation_follows
+from .exact_resume import mid_window, no_resumable_save_here
 from .run_checkpoint import RunCheckpoint
 
 
 class StepCheckpoint(RunCheckpoint):
     """A RunCheckpoint for `every_n_train_steps` / `train_time_interval`, except that a save due
-    at a step that a validation follows is made one step later: Lightning resumes a checkpoint
-    taken there as if the validation had run (and early stopping then misses it)."""
+    where a checkpoint would not resume exactly is made at the next step where one would: not at
+    a step that a validation follows (Lightning resumes a checkpoint taken there as if the
+    validation had run, and early stopping then misses it), not at an epoch's last batch
+    (Lightning resumes it one epoch behind), and never inside a gradient accumulation window."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -25,8 +27,10 @@ class StepCheckpoint(RunCheckpoint):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if mid_window(trainer):
+            return
         every = self._every_n_train_steps
-        if validation_follows(trainer):
+        if no_resumable_save_here(trainer):
             self.owed |= every >= 1 and trainer.global_step % every == 0
             return
         if self.owed and not self._should_skip_saving_checkpoint(trainer):
