@@ -29,6 +29,10 @@ TINY = [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=4",
 {%- endif %}
 
 
+# What a command needs to import this project's tests (the fault-injecting callbacks).
+IMPORTABLE = {"PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
@@ -166,10 +170,7 @@ def test_an_error_in_training_starts_its_own_line_after_the_progress_bar(tmp_pat
     screen = subprocess.run(
         [sys.executable, "-m", PACKAGE, *with_bar, *nan],
         cwd=tmp_path,
-        env={
-            **os.environ,
-            "PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        },
+        env={**os.environ, **IMPORTABLE},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -193,10 +194,9 @@ def test_a_monitored_metric_that_is_not_logged_is_one_line_and_leaves_nothing(
               f"+callbacks.record.path={tmp_path / 'batches.txt'}"]  # fmt: skip
     work = tmp_path / "work"
     work.mkdir()
-    importable = {"PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     result = run_cli("-m", PACKAGE, *TINY, *record, "trainer.log_every_n_steps=1",
                      f"monitor.metric={metric}", cwd=work,
-                     env=importable)  # fmt: skip
+                     env=IMPORTABLE)  # fmt: skip
     line = one_error_line(result)
     assert f"monitor.metric={metric} is not a metric that the run logs" in line
     assert not list(work.iterdir()), "nothing written"
@@ -211,7 +211,6 @@ def test_an_error_in_a_spawned_process_is_one_line_and_leaves_nothing(
 ) -> None:
     """Under strategy=ddp_spawn torch hands the command only the processes' tracebacks as text:
     the project's error in them is still the one line, and what the run wrote goes."""
-    importable = {"PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     bad, words = {
         "metric not logged": (["monitor.metric=val/nothing"], "monitor.metric=val/nothing"),
         "non-finite loss": (["allowed_targets=[tests.faults.NanGradientAt]",
@@ -219,7 +218,7 @@ def test_an_error_in_a_spawned_process_is_one_line_and_leaves_nothing(
                              "+callbacks.nan.steps=[1]"], "Non-finite"),
     }[problem]  # fmt: skip
     spawned = ["strategy=ddp_spawn", "trainer.devices=2", "trainer.log_every_n_steps=1"]
-    result = run_cli("-m", PACKAGE, *TINY, *spawned, *bad, cwd=tmp_path, env=importable)
+    result = run_cli("-m", PACKAGE, *TINY, *spawned, *bad, cwd=tmp_path, env=IMPORTABLE)
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and words in last, result.stderr[-3000:]
@@ -315,6 +314,25 @@ def test_a_refused_command_leaves_the_runs_record_of_its_config_as_it_was(tmp_pa
         assert after == before, f"{refused} changed the run's record"
 
 
+def refused_before_any_logger(tmp_path: Path, *args: str) -> str:
+    """The one error line of a train command refused before its logger starts a run and prints,
+    with this project's logger and with CSV; nothing written by either."""
+{%- if cookiecutter.logger == "wandb" %}
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb_dir")}
+{%- else %}
+    env: dict[str, str] = {}
+{%- endif %}
+    lines = []
+    for logger in dict.fromkeys(("{{ cookiecutter.logger }}", "csv")):  # once where they are one
+        cwd = tmp_path / logger
+        cwd.mkdir()
+        result = run_cli("-m", PACKAGE, "trainer=cpu", f"logger={logger}", *args, cwd=cwd, env=env)
+        lines.append(one_error_line(result))
+        assert not list(cwd.iterdir()), "nothing written"
+    assert len(set(lines)) == 1, lines
+    return lines[0]
+
+
 def test_data_refused_while_loading_is_one_line_whatever_the_logger(tmp_path: Path) -> None:
     """Bad data is found as the data module loads: before any logger starts a run and prints."""
 {%- if cookiecutter.examples != "vision" %}
@@ -325,19 +343,7 @@ def test_data_refused_while_loading_is_one_line_whatever_the_logger(tmp_path: Pa
         (tmp_path / "images" / label / "1.png").write_bytes(b"not an image")
     bad_data = ["experiment=image_folder", f"data.root={tmp_path / 'images'}"]
 {%- endif %}
-{%- if cookiecutter.logger == "wandb" %}
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb_dir")}
-{%- else %}
-    env: dict[str, str] = {}
-{%- endif %}
-    for logger in dict.fromkeys(("{{ cookiecutter.logger }}", "csv")):  # once where they are one
-        cwd = tmp_path / logger
-        cwd.mkdir()
-        result = run_cli(
-            "-m", PACKAGE, "trainer=cpu", f"logger={logger}", *bad_data, cwd=cwd, env=env
-        )
-        assert one_error_line(result)
-        assert not list(cwd.iterdir()), "nothing written"
+    refused_before_any_logger(tmp_path, *bad_data)
 
 
 def test_a_validation_interval_longer_than_an_epoch_is_one_line_whatever_the_logger(
@@ -350,19 +356,7 @@ def test_a_validation_interval_longer_than_an_epoch_is_one_line_whatever_the_log
     data = ["experiment=digits"]
 {%- endif %}
     interval = ["trainer.val_check_interval=100000", "trainer.check_val_every_n_epoch=1"]
-{%- if cookiecutter.logger == "wandb" %}
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb_dir")}
-{%- else %}
-    env: dict[str, str] = {}
-{%- endif %}
-    for logger in dict.fromkeys(("{{ cookiecutter.logger }}", "csv")):  # once where they are one
-        cwd = tmp_path / logger
-        cwd.mkdir()
-        result = run_cli(
-            "-m", PACKAGE, "trainer=cpu", f"logger={logger}", *data, *interval, cwd=cwd, env=env
-        )
-        assert "val_check_interval=100000" in one_error_line(result)
-        assert not list(cwd.iterdir()), "nothing written"
+    assert "val_check_interval=100000" in refused_before_any_logger(tmp_path, *data, *interval)
 
 
 NOISE = (
