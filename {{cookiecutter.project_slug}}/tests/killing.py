@@ -120,7 +120,7 @@ def batches_by_step(cwd: Path) -> dict[str, dict[int, str]]:
 def read_last(path: Path) -> dict[str, Any]:
     """A single-file checkpoint, or a folder of shards read whole."""
     if path.is_dir():
-        from {{ cookiecutter.package_name }}.sharded_checkpoints import (
+        from {{ cookiecutter.package_name }}.shard_planners import (
             read_sharded,
         )
 

@@ -23,7 +23,6 @@ from .sharded_checkpoints import (
     is_sharded,
     keeps_previous,
     read_meta,
-    read_sharded,
     remove,
 )
 
@@ -200,6 +199,8 @@ def check_weights(checkpoint: Any, path: Path, key: str) -> None:
 
 def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
     if is_sharded(path):
+        from .shard_planners import read_sharded
+
         try:
             return read_sharded(path)
         except UNREADABLE as error:

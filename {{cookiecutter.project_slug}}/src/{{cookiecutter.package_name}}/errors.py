@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-
-class ConfigError(Exception):
-    """A setting or input that cannot work: the message says which and what to do instead."""
+from .data.errors import ConfigError
 
 
 class TrainingError(Exception):

@@ -9,7 +9,6 @@ import io
 import os
 import pickle
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,29 +77,6 @@ def read_meta(path: Path) -> dict[str, Any]:
     """Everything but the weights and optimizer state (the step, loops and callbacks' states)."""
     check_metadata(path)
     return dict(torch.load(path / META, map_location="cpu", weights_only=True))
-
-
-def read_sharded(path: Path) -> dict[str, Any]:
-    """The whole checkpoint in one process's memory, as a single-file one holds it."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    from .shard_planners import WholePlainValuesLoadPlanner, first_failure
-
-    checkpoint = read_meta(path)
-    tensors: dict[str, Any] = {}
-    with warnings.catch_warnings(), first_failure():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        _load_state_dict(
-            tensors,
-            storage_reader=FileSystemReader(path),
-            planner=WholePlainValuesLoadPlanner(),
-            no_dist=True,
-        )
-    optimizers = sorted(key for key in tensors if key.startswith("optimizer_"))
-    checkpoint["state_dict"] = tensors.get("state_dict", {})
-    checkpoint["optimizer_states"] = [tensors[key] for key in optimizers]
-    return checkpoint
 
 
 def remove(path: Path) -> None:

@@ -20,9 +20,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-# Importing cli installs what every console script has: Hydra's errors in one line, the
-# `_target_` check of `hydra.callbacks`, the run-name resolver.
-from ..cli import remove_unused_run_dir
+from ..console import remove_unused_run_dir
 from ..errors import ConfigError
 from ..run_settings import check_run_settings, check_whole
 

@@ -18,7 +18,7 @@ import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 def check_fractions(val_fraction: Any, test_fraction: Any) -> None:

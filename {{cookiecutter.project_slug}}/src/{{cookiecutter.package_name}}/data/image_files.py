@@ -9,7 +9,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from PIL.Image import DecompressionBombError
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 

@@ -35,8 +35,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset, Sampler
 
-from ..errors import ConfigError
 from .base import ResumableSampler, SplitDataModule, check_fractions, split_indices
+from .errors import ConfigError
 from .image_files import SUFFIXES
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from ..errors import ConfigError
 from .base import SplitDataModule, split_indices
+from .errors import ConfigError
 from .image_files import read_gray_images
 
 log = logging.getLogger(__name__)

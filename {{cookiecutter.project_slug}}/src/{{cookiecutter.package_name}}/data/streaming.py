@@ -27,8 +27,8 @@ from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError
 from .base import ResumableSampler
+from .errors import ConfigError
 
 READ_ATTEMPTS = 4
 

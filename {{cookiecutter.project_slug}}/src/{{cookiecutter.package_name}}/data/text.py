@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError
 from .base import SplitDataModule, check_fractions
+from .errors import ConfigError
 
 VOCAB_SIZE = 256
 MAX_CHUNK_BYTES = 64 * 1024

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from ..errors import ConfigError
 from .base import SplitDataModule, shuffle_seed
+from .errors import ConfigError
 from .streaming import PageOrderSampler, ShardFolder, StreamedWindows, is_url, spans
 from .tokenizer import TextTokenizer, tokenizer_from_json
 

@@ -1,0 +1,83 @@
+"""What every console script sets up when it is imported, before Hydra composes a config: Hydra's
+errors in one line, the `_target_` checks of Hydra's own callbacks and logging configs, the
+run-name resolver, a ConfigStore that is not copied on every config-group listing; and the
+removal of a run directory that a failed command made. No torch here."""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+
+from . import command_errors, run_record
+from .run_names import register_run_name_resolver
+from .targets import check_hydra_callbacks, check_logging_configs
+
+
+def share_config_store_when_copied() -> None:
+    """Hydra deep-copies its config repository, and with it the ConfigStore singleton, each time it
+    lists a config group: `--help` copied every registered launcher and sweeper config 108 times,
+    most of its run time. The copy only guards the repository's list of sources, so the store can
+    stay the one live instance (as Hydra's own fix for lazily registered configs wants)."""
+    ConfigStore.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+
+
+share_config_store_when_copied()
+
+
+HYDRA_START_FILES = (
+    ".hydra",
+    "train.log",
+    "eval.log",
+    "predict.log",
+    "export.log",
+    "bench.log",
+    "prepare.log",
+    "debug.log",
+    "run_overrides.json",
+{%- if cookiecutter.logger == "wandb" %}
+    "wandb_run_id.txt",
+{%- endif %}
+    ".lock",
+)
+
+
+def remove_unused_run_dir() -> None:
+    """A run directory holding only what a command writes before it starts training (Hydra's
+    `.hydra/` and log, the recorded overrides) was made by the command that failed: it goes, with
+    the folders above it that it leaves empty, so bad input leaves nothing behind."""
+    import logging
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from . import run_lock
+
+    try:
+        folder = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # no Hydra run (a test composing configs), or no output directory
+        return
+    here = Path.cwd().resolve()
+    if not (folder / ".hydra").is_dir() or folder.resolve() in (here, *here.parents):
+        return  # never the folder the command runs in (hydra.run.dir=.), nor one above it
+    if any(
+        path.name not in HYDRA_START_FILES and not (path.is_dir() and not any(path.iterdir()))
+        for path in folder.iterdir()
+    ):
+        return  # an empty folder (what a logger left once its files were removed) is no output
+    if run_lock.holder(folder) is not None:
+        return  # another process's live run
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:
+        if parent == Path.cwd() or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+register_run_name_resolver()
+run_record.keep_what_hydra_replaces()
+command_errors.install(clean_up=remove_unused_run_dir)
+check_hydra_callbacks()
+check_logging_configs()

@@ -1,0 +1,136 @@
+"""The package's layers, read from its source (every import, those inside functions included):
+the commands on top, the modules they share beneath them, `models/` and `data/` at the bottom
+importing nothing else of the project, and no import circles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .helpers import PACKAGE, PROJECT_ROOT
+
+SOURCE = PROJECT_ROOT / "src" / PACKAGE
+BOTTOM = ("models", "data")
+# The console scripts and the recipes they run. Only these edges lead into them: what a helper
+# two of them need moves down into a module both import.
+COMMANDS = {
+    "__main__", "cli", "train", "evaluate", "predict", "export", "prepare", "bench", "doctor",
+}  # fmt: skip
+ENTRIES = {
+    ("__main__", "cli"), ("cli", "train"), ("cli", "evaluate"), ("cli", "predict"),
+    ("cli", "export"), ("cli", "prepare"),
+}  # fmt: skip
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(SOURCE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_of(path): path for path in SOURCE.rglob("*.py")}
+
+
+def runs_as_script(node: ast.AST) -> bool:
+    """`if __name__ == "__main__":`, where a module run with `python -m` calls its command."""
+    test = getattr(node, "test", None)
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+    )
+
+
+def imported_by(module: str) -> set[str]:
+    """The project's modules that `module` imports (a name taken from a package counts as its
+    submodule where one has that name)."""
+    path = MODULES[module]
+    here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: set[str] = set()
+    pending: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    while pending:
+        node = pending.pop()
+        if runs_as_script(node):
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            targets = [
+                alias.name.removeprefix(f"{PACKAGE}.")
+                for alias in node.names
+                if alias.name.startswith(f"{PACKAGE}.")
+            ]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1] if node.level > 1 else here
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            elif (node.module or "").startswith(f"{PACKAGE}."):
+                source = (node.module or "").removeprefix(f"{PACKAGE}.")
+            else:
+                continue
+            targets = [
+                f"{source}.{alias.name}".strip(".")
+                if f"{source}.{alias.name}".strip(".") in MODULES
+                else source
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {module: imported_by(module) for module in MODULES}
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_import_reader_sees_what_python_imports() -> None:
+    preemption = GRAPH["callbacks.preemption"]
+    assert {"callbacks.exact_resume", "checkpoints", "stop_signals"} <= preemption
+    assert "cli" in GRAPH["__main__"]
+    assert "train" in GRAPH["cli"], "an import inside a function counts"
+    assert "cli" not in GRAPH["train"], "`python -m <package>.train`'s own call does not"
+
+
+def test_models_and_data_import_nothing_else_of_the_project() -> None:
+    leaks = {
+        module: sorted(target for target in targets if top(target) != top(module))
+        for module, targets in GRAPH.items()
+        if top(module) in BOTTOM
+    }
+    assert {module: found for module, found in leaks.items() if found} == {}
+
+
+def test_only_the_console_scripts_lead_into_a_command() -> None:
+    edges = sorted(
+        (module, target)
+        for module, targets in GRAPH.items()
+        for target in targets
+        if top(target) in COMMANDS and top(target) != top(module)
+        and (top(module), top(target)) not in ENTRIES
+    )  # fmt: skip
+    assert edges == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import circle: a depth-first walk from every module never comes back to one on its
+    path."""
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> None:
+        if module in path:
+            raise AssertionError(" -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for target in sorted(GRAPH[module]):
+            walk(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        walk(module, [])
