@@ -190,14 +190,21 @@ class OutOfMemoryAt(Callback):
     """Raises the error PyTorch raises when the device's memory runs out, at the start of
     training step `at` (counted from 1), as a batch too large for the device would."""
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    def __init__(self, at: int, allocator: str = "cuda") -> None:
+        self.at, self.allocator = at, allocator
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
-        if trainer.global_step + 1 == self.at:
-            raise torch.OutOfMemoryError(
-                "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
-                "79.19 GiB of which 1.21 GiB is free."
+        if trainer.global_step + 1 != self.at:
+            return
+        if self.allocator == "cpu":  # the CPU allocator raises a plain RuntimeError
+            raise RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:118] data. DefaultCPUAllocator: can't allocate "
+                "memory: you tried to allocate 21474836480 bytes. Error code 12 (Cannot allocate "
+                "memory)"
             )
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+            "79.19 GiB of which 1.21 GiB is free."
+        )

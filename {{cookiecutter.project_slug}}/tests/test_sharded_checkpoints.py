@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import re
 import signal
 from collections.abc import Callable
@@ -116,13 +117,39 @@ def shard_truncated(folder: Path, marker: Path) -> None:
         shard.write_bytes(shard.read_bytes()[:-9])
 
 
+def shard_overwritten(folder: Path, marker: Path) -> None:
+    """A shard of the same size whose bytes are noise, as a failing disk leaves one."""
+    remove(folder)
+    state = {"param_groups": [{"lr": 0.1, "params": ["net.weight"]}]}
+    dcp.save({"state_dict": WEIGHTS, "optimizer_0": state}, checkpoint_id=folder, no_dist=True)
+    torch.save({"global_step": 3}, folder / META)
+    for shard in folder.glob("*.distcp"):
+        shard.write_bytes(random.Random(0).randbytes(shard.stat().st_size))
+
+
+def shard_a_link(folder: Path, marker: Path) -> None:
+    for shard in folder.glob("*.distcp"):
+        outside = folder.parent / f"elsewhere-{shard.name}"
+        shard.replace(outside)
+        shard.symlink_to(outside)
+
+
+def metadata_a_link(folder: Path, marker: Path) -> None:
+    outside = folder.parent / "elsewhere.metadata"
+    (folder / METADATA).replace(outside)
+    (folder / METADATA).symlink_to(outside)
+
+
 HOSTILE = {
     "metadata-runs-code": (hostile_metadata, r"\.metadata names posix\.system"),
-    "value-runs-code": (hostile_value, r"lr as something other than plain values"),
+    "value-runs-code": (hostile_value, r"holds optimizer_0\.param_groups\.0\.lr in a form that does not load as plain values"),
+    "shard-overwritten": (shard_overwritten, r"does not load as plain values \(damaged"),
+    "shard-a-link": (shard_a_link, r"shard __0_0\.distcp is a symbolic link"),
+    "metadata-a-link": (metadata_a_link, r"\.metadata is a symbolic link"),
     "shard-outside-folder": (shard_outside, r"names '\.\./secret\.distcp', not a file in"),
     "shard-missing": (shard_missing, r"shard __0_0\.distcp is missing"),
     "shard-truncated": (shard_truncated, r"shard __0_0\.distcp is \d+ bytes, not \d+"),
-}
+}  # fmt: skip
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -140,9 +167,8 @@ def test_a_hostile_or_damaged_folder_runs_nothing_and_is_one_line(
         read_checkpoint(folder)
     assert "\n" not in str(error.value) and re.search(reason, str(error.value)), error.value
     assert not marker.exists()
-    if case != "value-runs-code":  # found by reading the folder whole, not by the resume check
-        assert newest_valid_checkpoint(folder.parent) is None
-        assert (folder.parent / "last.ckpt.corrupt").is_dir(), "moved aside, not deleted"
+    assert newest_valid_checkpoint(folder.parent) is None, "a run resumes from none of them"
+    assert (folder.parent / "last.ckpt.corrupt").is_dir(), "moved aside, not deleted"
 
 
 def test_only_complete_folders_are_resumed_from(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import ConfigError
+from .memory_plan import shards_itself
 from .runtime import is_global_zero
 from .sharded_checkpoints import (
     fsync_directory,
@@ -209,14 +210,26 @@ def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
                 "it may be incomplete, damaged or not written by this project. Pass another one."
             ) from error
     if path.is_dir():
-        inside = sorted(path.glob("**/*.ckpt"), key=lambda p: p.stat().st_mtime)
-        example = inside[-1] if inside else path / "checkpoints" / "last.ckpt"
+        inside = sorted(
+            (found for found in path.glob("**/*.ckpt") if found.is_file() or is_sharded(found)),
+            key=lambda found: found.stat().st_mtime,
+        )
+        if inside:
+            raise ConfigError(
+                f"{key}={path} is a folder: pass a checkpoint in it, e.g. {key}={inside[-1]}"
+            )
         raise ConfigError(
-            f"{key}={path} is a folder: pass a checkpoint file"
-            f"{' in it' if inside else ''}, e.g. {key}={example}"
+            f"{key}={path} is a folder that holds no checkpoint (a .ckpt file, or a folder of "
+            f"shards with its .metadata): pass one, e.g. {key}=logs/train/runs/<run>/checkpoints/"
+            "last.ckpt"
         )
     if path.exists() and not path.is_file():
         raise ConfigError(f"{key}={path} is not a regular file: pass a checkpoint file.")
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(
+            f"{key}={path} is a symbolic link that leads to no file (a broken link, or a loop of "
+            "links): pass the checkpoint file itself."
+        )
     if not path.is_file():
         raise ConfigError(
             f"{key}={path} does not exist. Pass a checkpoint file, e.g. "
@@ -256,8 +269,8 @@ def check_same_model(
     """Refuse, with one clear message, a checkpoint whose weights do not fit this model (the
     names for which `optional` is true may be missing)."""
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
-    if not expected:
-        return  # built later (configure_model): Lightning checks while loading
+    if not expected and shards_itself(type(model)):
+        return  # its layers are made in configure_model: Lightning checks while loading
     stored = {
         name: tuple(value.shape)
         for name, value in checkpoint.get("state_dict", {}).items()

@@ -20,6 +20,8 @@ from .errors import ConfigError
 NOT_WRITABLE = {
     errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
 }  # fmt: skip
+# Errors that say what is wrong with a folder's path where one is being made.
+NOT_MAKEABLE = {errno.ELOOP, errno.ENAMETOOLONG}
 HYDRA_FOOTERS = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")
 APPEND_HINT = "To append to your config"
 GRAMMAR_PAGE = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -51,6 +53,12 @@ def not_writable(error: OSError) -> str:
     elif error.errno in (errno.ENOTDIR, errno.EEXIST):
         todo = "a file stands where a folder must: move it, or write elsewhere with paths.log_dir="
         todo += "<folder>"
+    elif error.errno == errno.ELOOP:
+        todo = "a symbolic link on the way leads back to itself: remove the loop, or write "
+        todo += "elsewhere with paths.log_dir=<folder>"
+    elif error.errno == errno.ENAMETOOLONG:
+        todo = "a name in it is longer than the file system allows: give a shorter run_name=... "
+        todo += "or paths.log_dir=<folder>"
     else:
         todo = "make it writable, or write elsewhere with paths.log_dir=<folder>"
     return f"cannot write{where} ({reason}): {todo}."
@@ -124,6 +132,8 @@ def one_line(error: BaseException) -> str | None:
         where = f"{mark.name}, line {mark.line + 1}" if mark else "a config file"
         return f"{where} is not valid YAML ({error.problem or error.context}): fix or remove it."
     if isinstance(error, OSError) and error.errno in NOT_WRITABLE:
+        return not_writable(error)
+    if isinstance(error, OSError) and error.errno in NOT_MAKEABLE and raised_making_a_folder(error):
         return not_writable(error)
     if isinstance(error, OSError) and error.errno == errno.ENOENT and raised_making_a_folder(error):
         return (

@@ -28,6 +28,7 @@ from torch import nn
 from . import run_lock
 from .checkpoints import atomic_torch_save
 from .errors import ConfigError
+from .files import absolute
 from .models.lora import merge
 from .run_settings import check_switches
 from .trained import Trained, rebuild
@@ -59,7 +60,7 @@ def export(cfg: DictConfig) -> dict[str, float]:
 
 def output_path(cfg: DictConfig, fmt: str) -> Path:
     if cfg.get("output"):
-        return Path(str(cfg.output)).expanduser().resolve()
+        return absolute(str(cfg.output))
     return Path(cfg.paths.output_dir) / f"model.{FORMATS[fmt]}"
 
 
@@ -141,7 +142,7 @@ def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError(f"format={fmt}: use one of {', '.join(FORMATS)}.")
     tolerance = check_tolerance(cfg.tolerance)
     path = output_path(cfg, fmt)
-    check_output(path, fmt, Path(str(cfg.ckpt_path)).expanduser().resolve())
+    check_output(path, fmt, absolute(str(cfg.ckpt_path)))
     trained = rebuild(cfg)
     net: nn.Module = trained.model.net  # type: ignore[assignment]
     merged = merge(net)

@@ -1,4 +1,5 @@
-"""Files written whole: a kill leaves the old file or the new one, never a part."""
+"""Files written whole (a kill leaves the old file or the new one, never a part), and paths from
+the command line made absolute."""
 
 from __future__ import annotations
 
@@ -18,3 +19,14 @@ def write_text_atomically(text: str, path: Path) -> None:
         temporary.replace(path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def absolute(path: str | Path) -> Path:
+    """`path` made absolute, its links followed. A loop of links (which `Path.resolve` reports as
+    a RuntimeError before Python 3.13) stays as it is, for the check of what the path holds to
+    report."""
+    path = Path(path).expanduser()
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return Path(os.path.abspath(path))

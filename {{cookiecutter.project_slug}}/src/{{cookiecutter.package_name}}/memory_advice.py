@@ -26,6 +26,14 @@ def peak_and_total_gib(device: torch.device) -> tuple[float, float]:
     return peak_kib / 2**20, total / GIB
 
 
+def ran_out_of_memory(error: BaseException) -> bool:
+    """CUDA's allocator raises torch.OutOfMemoryError; the CPU's, a plain RuntimeError."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError)
+        and "DefaultCPUAllocator: can't allocate memory" in str(error)
+    )
+
+
 def out_of_memory_device(error: BaseException) -> torch.device:
     if torch.cuda.is_available() and "CUDA" in str(error):
         return torch.device("cuda", torch.cuda.current_device())

@@ -44,6 +44,7 @@ from .data.token_shards import (
 )
 from .data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
 from .errors import ConfigError
+from .files import absolute
 from .run_settings import check_whole, number, refuse, whole
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def checked_settings(cfg: DictConfig) -> dict[str, Any]:
             "source is not set: use source=stdlib, a text file, a folder of text files or a glob."
         )
     if str(source) not in NAMED_CORPORA:
-        settings["source"] = str(Path(str(source)).expanduser().resolve())
+        settings["source"] = str(absolute(str(source)))
     if str(settings["tokenizer"]) not in ("bpe", BYTES):
         tokenizer = Path(str(settings["tokenizer"])).expanduser()
         if not tokenizer.is_file():
@@ -81,7 +82,7 @@ def checked_settings(cfg: DictConfig) -> dict[str, Any]:
                 f"tokenizer={settings['tokenizer']}: use bpe, bytes, or the path of a "
                 "tokenizer.json that this command wrote."
             )
-        settings["tokenizer"] = str(tokenizer.resolve())
+        settings["tokenizer"] = str(absolute(tokenizer))
     vocab_size = settings["vocab_size"]
     if not whole(vocab_size) or not VOCAB_RANGE[0] <= vocab_size <= VOCAB_RANGE[1]:
         raise refuse("vocab_size", vocab_size, "use a whole number from 257 to 4294967296")
@@ -110,7 +111,7 @@ def defining(settings: dict[str, Any]) -> dict[str, Any]:
 def checked_output(cfg: DictConfig) -> Path:
     if cfg.output is None or not str(cfg.output).strip():
         raise ConfigError("output is not set: use output=<the folder to write>.")
-    return Path(str(cfg.output)).expanduser().resolve()
+    return absolute(str(cfg.output))
 
 
 def staging_of(output: Path) -> Path:

@@ -205,6 +205,44 @@ def check_context(cfg: DictConfig) -> None:
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
+def check_model_parallel(cfg: DictConfig) -> None:
+    """`strategy=model_parallel` lays its processes out as data_parallel x tensor_parallel, which
+    must make up all of them; this project's models shard with FSDP2 only, over data_parallel."""
+    strategy = cfg.trainer.get("strategy")
+    target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else ""
+    if not target.endswith(("ModelParallelStrategy", "ShardedCheckpointStrategy")):
+        return
+    data, tensor = strategy.get("data_parallel_size"), strategy.get("tensor_parallel_size")
+    for key, value in (("data_parallel_size", data), ("tensor_parallel_size", tensor)):
+        check_whole(f"trainer.strategy.{key}", value, 1, allowed=("auto",))
+    ours = str(OmegaConf.select(cfg, "model._target_", default="")).startswith(f"{__package__}.")
+    if ours and tensor not in (1, "auto"):
+        raise refuse(
+            "trainer.strategy.tensor_parallel_size",
+            tensor,
+            "this project's models shard with FSDP2 over data_parallel_size only (no tensor "
+            "parallelism in their configure_model): use 1, and set data_parallel_size to the "
+            "number of processes",
+        )
+    cpu = str(cfg.trainer.get("accelerator")) == "cpu"
+    if cpu and "auto" in (data, tensor):
+        raise ConfigError(
+            "strategy=model_parallel on CPU needs trainer.strategy.data_parallel_size set to the "
+            "number of processes (trainer.devices x trainer.num_nodes), e.g. "
+            "trainer.strategy.data_parallel_size=2 trainer.devices=2."
+        )
+    devices, nodes = cfg.trainer.get("devices"), cfg.trainer.get("num_nodes", 1)
+    if isinstance(devices, (list, tuple, ListConfig)):
+        devices = len(devices)
+    sizes = (data, tensor, devices, nodes)
+    if all(whole(size) for size in sizes) and data * tensor != devices * nodes:
+        raise ConfigError(
+            f"trainer.strategy.data_parallel_size={data} x tensor_parallel_size={tensor} "
+            f"must equal the processes, trainer.devices={devices} x trainer.num_nodes="
+            f"{nodes}: make them agree."
+        )
+
+
 def check_run_settings(cfg: DictConfig) -> None:
     matmul = cfg.get("matmul_precision")
     if matmul is not None and matmul not in MATMUL_PRECISIONS:
@@ -217,3 +255,5 @@ def check_run_settings(cfg: DictConfig) -> None:
     check_learning_rate(cfg)
     check_optimizer(cfg)
     check_context(cfg)
+    check_model_parallel(cfg)
+    check_whole("data.batch_size", OmegaConf.select(cfg, "data.batch_size", default=None), 1)

@@ -9,6 +9,7 @@ import io
 import os
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,11 @@ class MissingShards(ValueError):
 
 def check_metadata(path: Path) -> None:
     """Raises (UNREADABLE errors) unless `path/.metadata` holds only what a real one does, and
-    names only shard files inside `path` that hold every byte it says they do."""
+    names only shard files inside `path` (not links to elsewhere) that hold every byte it says
+    they do, with every value that is not a tensor loading as plain values."""
+    for own in (METADATA, META):
+        if (path / own).is_symlink():
+            raise UnsafeMetadata(f"its {own} is a symbolic link: a checkpoint's files are its own")
     metadata = MetadataUnpickler(io.BytesIO((path / METADATA).read_bytes())).load()
     storage = getattr(metadata, "storage_data", None)
     if not isinstance(storage, dict):
@@ -67,16 +72,47 @@ def check_metadata(path: Path) -> None:
         ends[name] = max(ends.get(name, 0), int(info.offset) + int(info.length))
     for name, end in sorted(ends.items()):
         shard = path / name
+        if shard.is_symlink():
+            raise UnsafeMetadata(
+                f"its shard {name} is a symbolic link: a checkpoint's files are its own"
+            )
         size = shard.stat().st_size if shard.is_file() else None
         if size is None or size < end:
             state = "missing" if size is None else f"{size} bytes, not {end}"
             raise MissingShards(f"its shard {name} is {state}")
+    check_plain_values(path, metadata)
+
+
+def check_plain_values(path: Path, metadata: Any) -> None:
+    """The values that are not tensors (the optimizer's settings; torch.distributed.checkpoint
+    stores each as a `torch.save` of its own) load with weights_only=True: a folder whose shard
+    was damaged is found before a run resumes from it."""
+    kinds = getattr(metadata, "state_dict_metadata", None) or {}
+    for index, info in metadata.storage_data.items():
+        fqn = getattr(index, "fqn", index)
+        bytes_item = type(kinds.get(fqn)).__name__ == "BytesStorageMetadata"
+        if not bytes_item or getattr(info, "transform_descriptors", None):
+            continue
+        with open(path / info.relative_path, "rb") as shard:
+            shard.seek(int(info.offset))
+            value = shard.read(int(info.length))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.load(io.BytesIO(value), map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise UnsafeMetadata(
+                f"its shard {info.relative_path} holds {fqn} in a form that does not load as "
+                "plain values (damaged, or needing full unpickling, which can run code)"
+            ) from error
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     """Everything but the weights and optimizer state (the step, loops and callbacks' states)."""
     check_metadata(path)
-    return dict(torch.load(path / META, map_location="cpu", weights_only=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own about what weights_only refused
+        return dict(torch.load(path / META, map_location="cpu", weights_only=True))
 
 
 def remove(path: Path) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -35,7 +34,7 @@ from .checkpoints import (
 from .data.base import SplitDataModule
 from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .loggers import instantiate_callbacks, instantiate_loggers
-from .memory_advice import out_of_memory_advice, out_of_memory_device
+from .memory_advice import out_of_memory_advice, out_of_memory_device, ran_out_of_memory
 from .memory_plan import fit_warning, plan_for_run, shards_itself
 from .recipe_steps import (
     build_trainer,
@@ -50,6 +49,7 @@ from .recipe_steps import (
 from .run_names import identifying
 from .run_settings import check_run_settings
 from .runtime import check_fp8, is_global_zero, use_hydra_logging_only
+from .sharded_checkpoints import is_sharded
 from .targets import check_targets
 from .trained import load_init_weights
 
@@ -73,10 +73,13 @@ def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
     )
 
 
-def check_strategy_fits(cfg: DictConfig, model: L.LightningModule) -> None:
+def is_model_parallel(cfg: DictConfig) -> bool:
     name = str(cfg.trainer.get("strategy")).lower().replace("_", "")
-    model_parallel = "modelparallel" in name or "shardedcheckpointstrategy" in name
-    if model_parallel and not shards_itself(type(model)):
+    return "modelparallel" in name or "shardedcheckpointstrategy" in name
+
+
+def check_strategy_fits(cfg: DictConfig, model: L.LightningModule) -> None:
+    if is_model_parallel(cfg) and not shards_itself(type(model)):
         raise ConfigError(
             f"strategy=model_parallel needs a LightningModule that applies FSDP2 itself in "
             f"configure_model(); {type(model).__name__} has none. Use strategy=ddp, or "
@@ -218,6 +221,19 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
         path = Path(str(cfg.ckpt_path)).expanduser()
         checkpoint = read_checkpoint(path, trust=bool(cfg.get("trust_checkpoint")))
         check_same_model(checkpoint, model, path)
+        if is_sharded(path) and not is_model_parallel(cfg):
+            raise ConfigError(
+                f"ckpt_path={path} is a folder of shards, which only strategy=model_parallel "
+                "continues: add it (with trainer.strategy.data_parallel_size), or start a new "
+                f"run from its weights with init_from={path}."
+            )
+        done, limit = epochs_done(checkpoint), cfg.trainer.get("max_epochs")
+        if isinstance(done, int) and isinstance(limit, int) and 0 <= limit < done:
+            raise ConfigError(
+                f"trainer.max_epochs={limit}, but ckpt_path={path} has trained {done} epochs, and "
+                "this run continues its counters: give a higher limit, or start a new run from "
+                f"its weights with init_from={path}."
+            )
         log.info("Starting from ckpt_path=%s", path)
         return Start(str(path), not cfg.get("trust_checkpoint"))
     log.info("Starting fresh: no checkpoint in %s", ckpt_dir)
@@ -302,6 +318,15 @@ def check_limits_ahead(cfg: DictConfig, last: Path) -> None:
                 f"{key}={limit} with extend=true: the run has already trained {done} {unit}; "
                 f"give a higher limit to train it further (its results stay as they are)."
             )
+
+
+def epochs_done(state: dict[str, Any]) -> Any:
+    """The epochs that a checkpoint's fit loop completed (Lightning's `current_epoch` once it is
+    restored), or None."""
+    found: Any = state
+    for key in ("loops", "fit_loop", "epoch_progress", "current", "completed"):
+        found = found.get(key) if isinstance(found, dict) else None
+    return found
 
 
 def check_run_identity(cfg: DictConfig) -> None:
@@ -411,7 +436,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         with exit_143_on_stop_signals():
             try:
                 metrics = fit_and_test(cfg)
-            except torch.OutOfMemoryError as error:
+            except RuntimeError as error:  # torch.OutOfMemoryError is one
+                if not ran_out_of_memory(error):
+                    raise
                 device = out_of_memory_device(error)
                 shards = shards_itself(get_class(cfg.model._target_))
                 advice = out_of_memory_advice(

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .checkpoints import check_same_model, first_line, read_checkpoint
 from .errors import ConfigError
+from .files import absolute
 from .models.lora import is_adapter
 from .recipe_steps import config_errors
 from .sharded_checkpoints import is_sharded
@@ -65,7 +66,7 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
     """The model and data module of `cfg.ckpt_path`, with `cfg.data` and `cfg.model` merged over
     the stored configs; the frozen base weights of a fine-tuning run are always loaded, the
     checkpoint's own weights where `load_weights`."""
-    ckpt_path = Path(str(cfg.ckpt_path)).expanduser().resolve()
+    ckpt_path = absolute(str(cfg.ckpt_path))
     checkpoint = read_checkpoint(ckpt_path, trust=bool(cfg.get("trust_checkpoint")))
     stored = read_run_config(checkpoint, ckpt_path)
     data_cfg = OmegaConf.merge(stored["data"], cfg.get("data") or {})
@@ -77,9 +78,9 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
         datamodule = instantiate(data_cfg)
         model = instantiate(model_cfg)
     load_base_weights(model, checkpoint, ckpt_path)
+    model.on_load_checkpoint(checkpoint)
+    check_same_model(checkpoint, model, ckpt_path)  # also where Lightning loads the weights
     if load_weights:
-        model.on_load_checkpoint(checkpoint)
-        check_same_model(checkpoint, model, ckpt_path)
         model.load_state_dict(checkpoint["state_dict"])
     return Trained(ckpt_path, checkpoint, model, datamodule)
 
@@ -99,7 +100,7 @@ def file_digest(path: Path) -> str:
 def load_init_weights(model: L.LightningModule, path: Path, trust: bool = False) -> dict[str, str]:
     """A new run's weights from another run's checkpoint (optimizer, schedule and step counter
     start fresh); adapters the model adds start as they are. Returns where they came from."""
-    path = path.expanduser().resolve()
+    path = absolute(path)
     checkpoint = read_checkpoint(path, trust=trust, key="init_from")
     if "base_weights" in checkpoint:
         raise ConfigError(

@@ -106,7 +106,11 @@ class StepClock:
         steps = [b - a for a, b in itertools.pairwise(self.starts[first : last + 1])]
         waits = [self.starts[i + 1] - self.ends[i] for i in range(first, last)]
         median = statistics.median(steps)
-        deciles = statistics.quantiles(steps, n=10) if len(steps) > 1 else [median] * 9
+        deciles = (
+            statistics.quantiles(steps, n=10, method="inclusive")  # within the times measured
+            if len(steps) > 1
+            else [median] * 9
+        )
         warmup_steps = [b - a for a, b in itertools.pairwise(self.starts[: first + 1])]
         return {
             "step_time_median_s": median,

@@ -9,6 +9,7 @@ window that spans a validation run are not reported.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -16,6 +17,8 @@ import lightning as L
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import Callback
+
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,15 @@ def accelerator_idles(trainer: L.Trainer) -> bool:
     """Whether time spent waiting for data leaves an accelerator idle. On a CPU the loader and
     the model share the cores, and a tiny model's in-memory batches already take 5-15 %."""
     return not isinstance(trainer.accelerator, CPUAccelerator)
+
+
+def positive(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:
@@ -70,6 +82,20 @@ class Throughput(Callback):
         peak_tflops: float | None = None,
         data_wait_warning: float | None = 0.1,
     ) -> None:
+        settings = "callbacks.throughput"
+        if isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int):
+            raise ConfigError(
+                f"{settings}.log_every_n_steps={log_every_n_steps!r}: use a whole number of 1 or "
+                "more."
+            )
+        if log_every_n_steps < 1:
+            raise ConfigError(f"{settings}.log_every_n_steps={log_every_n_steps}: use 1 or more.")
+        for key, value in (("peak_tflops", peak_tflops), ("data_wait_warning", data_wait_warning)):
+            if value is not None and not positive(value):
+                raise ConfigError(
+                    f"{settings}.{key}={value!r}: use a positive, finite number, or null "
+                    f"({'the table of GPUs' if key == 'peak_tflops' else 'no warning'})."
+                )
         self.log_every_n_steps = log_every_n_steps
         self.peak_override = peak_tflops
         self.data_wait_warning = data_wait_warning
