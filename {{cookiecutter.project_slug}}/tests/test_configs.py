@@ -11,6 +11,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from {{ cookiecutter.package_name }}.run_settings import (
+    SWITCHES,
+)
+
 from .helpers import CONFIG_DIR, PACKAGE, PROJECT_ROOT, ComposeFn, run_cli
 
 GROUPS = ["data", "model", "trainer", "callbacks", "logger", "debug", "experiment"]
@@ -49,6 +53,45 @@ def test_option_composes_and_resolves(train_config: ComposeFn, group: str, optio
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     assert resolved["trainer"]["_target_"] == "lightning.pytorch.Trainer"
+
+
+def bool_keys(node: object, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        return [key for k, v in node.items() for key in bool_keys(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")] if isinstance(node, bool) else []
+
+
+def matches(key: str, pattern: str) -> bool:
+    group, wildcard, leaf = pattern.partition(".*.")
+    if not wildcard:
+        return key == pattern
+    head, _, rest = key.removeprefix(f"{group}.").partition(".")
+    return key.startswith(f"{group}.") and bool(head) and rest == leaf
+
+
+STRATEGIES = sorted(path.stem for path in (CONFIG_DIR / "strategy").glob("*.yaml"))
+
+
+CONFIGURATIONS = {
+    **{f"{g}={o}": [f"{g}={o}", *experiment_using(g, o)] for g, o in OPTIONS},
+    **{f"strategy={s}": [f"strategy={s}"] for s in STRATEGIES},
+}
+
+
+@pytest.mark.parametrize("overrides", list(CONFIGURATIONS.values()), ids=list(CONFIGURATIONS))
+def test_every_switch_in_a_config_is_checked(train_config: ComposeFn, overrides: list[str]) -> None:
+    """A true/false setting given a word (`fused=abc`) is refused in one line, not taken as true:
+    every key that a config sets to true or false is one that the run's check reads."""
+    resolved = OmegaConf.to_container(train_config(*overrides), resolve=True)
+    found = [
+        key
+        for key in bool_keys(resolved)
+        if not key.startswith("hydra.")
+        and not key.rpartition(".")[2].startswith("_")  # Hydra's own (_partial_), which it checks
+        and key != "trainer.fast_dev_run"  # true, false or a number of batches: checked as such
+    ]
+    unchecked = [key for key in found if not any(matches(key, p) for p in SWITCHES)]
+    assert unchecked == []
 
 
 # Data configs that read the user's own files (written by prepare, or a folder of images): with

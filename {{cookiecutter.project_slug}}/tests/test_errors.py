@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -140,6 +141,7 @@ def written(tmp_path: Path) -> Path:
     (folder / "unreadable").mkdir()
     for name in UNREADABLE_FILES:
         (folder / "unreadable" / name).symlink_to(UNREADABLE_FILE)
+    (folder / "plain_pickle.ckpt").write_bytes(pickle.dumps(dict(state_dict=dict()), protocol=4))
     (folder / "loop_a.ckpt").symlink_to(folder / "loop_b.ckpt")
     (folder / "loop_b.ckpt").symlink_to(folder / "loop_a.ckpt")
     write_checkpoints_of_this_model(folder, tmp_path / "composed")
@@ -243,6 +245,12 @@ TRAIN_CASES = {
     "zero learning rate": (["model.optimizer.lr=0"], ["model.optimizer.lr=0", "positive"]),
     "infinite learning rate": (["model.optimizer.lr=inf"], ["model.optimizer.lr=inf", "finite"]),
     "learning rate a word": (["model.optimizer.lr=fast"], ["model.optimizer.lr='fast'"]),
+    "no learning rate": (["model.optimizer.lr=null"], ["model.optimizer.lr=None", "positive"]),
+    "a learning-rate floor below 0": (["model.scheduler.min_lr_ratio=-1"], ["min_lr_ratio=-1", "from 0 to 1"]),
+    "a learning-rate floor above the peak": (["model.scheduler.min_lr_ratio=2"], ["min_lr_ratio=2", "from 0 to 1"]),
+    "warm-up steps a word": (["model.scheduler.warmup_steps=abc"], ["warmup_steps='abc'", "whole number"]),
+    "negative warm-up steps": (["model.scheduler.warmup_steps=-1"], ["warmup_steps=-1"]),
+    "a dropout that is not a probability": (["model.net.dropout=nan"], ["model.net.dropout=nan", "probability"]),
     "zero devices": (["trainer.devices=0"], ["trainer.devices=0", "count of 1 or more"]),
     "devices a word": (["trainer.devices=many"], ["trainer.devices='many'"]),
     "a negative device index": (["trainer.devices=[-1]"], ["trainer.devices=[-1]", "device indices"]),
@@ -351,9 +359,11 @@ EVAL_CASES = {
     "run_config with a missing value": ("{dir}/run_config_missing_value.ckpt", ["malformed run_config"]),
     "checkpoint naming code outside the allowlist": ("{dir}/evil_run_config.ckpt", ["os.system", "not allowed"]),
     "a loop of symbolic links": ("{dir}/loop_a.ckpt", ["loop of links"]),
+    "a pickle, not a PyTorch checkpoint": ("{dir}/plain_pickle.ckpt", ["not a readable checkpoint (weights_only=True refused it)"]),
+    "a name longer than the file system allows": ("{dir}/" + "a" * 300 + ".ckpt", ["longer than the file system allows"]),
     "a weight of another shape": ("{dir}/other_shape.ckpt", ["another model", "other shape"]),
     "a weight too many": ("{dir}/extra_weight.ckpt", ["another model", "unexpected: extra.weight"]),
-    "a network built as a partial, holding no weights": ("{dir}/partial_net.ckpt", ["another model"]),
+    "a network built as a partial, holding no weights": ("{dir}/partial_net.ckpt", []),
 }  # fmt: skip
 
 
@@ -447,6 +457,11 @@ CLI_CASES = {
     "unknown group": (["optimiser=adam"], ["optimiser"]),
     "unparsable override": (["trainer.max_epochs=[1"], ["[1", "override_grammar"]),
     "a log folder behind a loop of links": (["paths.log_dir=loop_a/logs"], ["loop_a/logs", "leads back to itself"]),
+    "an empty log folder": (["paths.log_dir="], ["paths.log_dir is empty"]),
+    "an unknown flag": (["--bogus"], ["unrecognized arguments: --bogus", "--help"]),
+    "a flag given a value it does not take": (["--cfg", "banana"], ["--cfg", "banana"]),
+    "an empty run folder": (["hydra.run.dir=''"], ["hydra.run.dir is empty"]),
+    "an empty output folder": (["paths.output_dir= "], ["paths.output_dir is empty"]),
 }  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import shutil
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -124,7 +125,9 @@ def read_fit_state(path: Path) -> dict[str, Any]:
 
 
 def first_line(error: BaseException) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+    """The gist of a loading error, without torch's advice to load with weights_only=False."""
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return "weights_only=True refused it" if line.startswith("Weights only load failed") else line
 
 
 def newest_valid_checkpoint(
@@ -236,7 +239,9 @@ def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
             f"{key}=logs/train/runs/<run>/checkpoints/last.ckpt"
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own, about what weights_only refuses
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         if "Unsupported operand" in str(error) or "Weights only load failed" not in str(error):
             # Not a pickle at all (random bytes), as opposed to one that names Python objects.

@@ -67,9 +67,20 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
     return metrics.get(name) if name else None
 
 
+# Folders that an empty value would put at the top of the file system or in the folder the
+# command runs in ("" + "/checkpoints").
+FOLDER_KEYS = ("paths.", "hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+
+
 def paste_back_arguments() -> None:
-    """Paths the project prints (run directories are named `key=value,...`) work pasted back."""
+    """Paths the project prints (run directories are named `key=value,...`) work pasted back; a
+    folder given as nothing is refused before Hydra makes any."""
     sys.argv[1:] = [pasteable(argument) for argument in sys.argv[1:]]
+    for argument in sys.argv[1:]:
+        key, equals, value = argument.lstrip("+~").partition("=")
+        if equals and key.startswith(FOLDER_KEYS) and not value.strip().strip("'\"").strip():
+            print(f"error: {key} is empty: give a folder, or leave {key} out.", file=sys.stderr)
+            sys.exit(1)
 
 
 def train() -> None:

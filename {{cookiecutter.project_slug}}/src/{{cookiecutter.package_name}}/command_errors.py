@@ -135,6 +135,11 @@ def one_line(error: BaseException) -> str | None:
         return not_writable(error)
     if isinstance(error, OSError) and error.errno in NOT_MAKEABLE and raised_making_a_folder(error):
         return not_writable(error)
+    if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG:
+        return (
+            f"{error.filename}: a name in this path is longer than the file system allows "
+            f"({error.strerror}): give a shorter one."
+        )
     if isinstance(error, OSError) and error.errno == errno.ENOENT and raised_making_a_folder(error):
         return (
             f"cannot make the folder {error.filename} ({error.strerror}): no folder can be made "

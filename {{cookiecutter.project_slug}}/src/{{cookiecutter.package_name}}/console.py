@@ -5,6 +5,11 @@ removal of a run directory that a failed command made. No torch here."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import sys
+from typing import NoReturn
+
 from hydra.core.config_store import ConfigStore
 
 from . import command_errors, run_record
@@ -21,6 +26,31 @@ def share_config_store_when_copied() -> None:
 
 
 share_config_store_when_copied()
+
+
+def report_flag_errors_in_one_line() -> None:
+    """Hydra's own flags (`--cfg`, `--info`, ...) are read by argparse, which answers a bad one
+    with its usage and exit code 2: here it is one `error:` line and exit code 1."""
+    hydra_main = importlib.import_module("hydra.main")  # the module, not `hydra.main` the function
+    if getattr(hydra_main.get_args_parser, "one_line", False):
+        return
+    build = hydra_main.get_args_parser
+
+    def parser() -> argparse.ArgumentParser:
+        made = build()
+
+        def error(message: str) -> NoReturn:
+            print(f"error: {message}; --help lists the flags.", file=sys.stderr)
+            sys.exit(1)
+
+        made.error = error
+        return made
+
+    parser.one_line = True  # type: ignore[attr-defined]
+    setattr(hydra_main, "get_args_parser", parser)  # noqa: B010 (a module found at run time)
+
+
+report_flag_errors_in_one_line()
 
 
 HYDRA_START_FILES = (

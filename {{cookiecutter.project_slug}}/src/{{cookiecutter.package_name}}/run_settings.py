@@ -82,6 +82,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "kv_cache": (),
     "stream": (),
     "model.compile": (),
+    "model.optimizer.fused": (),
     "model.net.bias": (),
     "model.net.activation_checkpointing": (),
     "model.net.channels_last": (),
@@ -101,6 +102,8 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "trainer.use_distributed_sampler": (),
     "trainer.strategy.find_unused_parameters": (),
     "trainer.strategy.gradient_as_bucket_view": (),
+    "trainer.strategy.cpu_offload": (),
+    "trainer.profiler.export_to_chrome": (),
     "callbacks.*.auto_insert_metric_name": (),
     "callbacks.*.check_finite": (),
     "callbacks.*.enable_version_counter": (),
@@ -177,8 +180,11 @@ def check_trainer(trainer: DictConfig) -> None:
 
 
 def check_learning_rate(cfg: DictConfig) -> None:
-    lr = OmegaConf.select(cfg, "model.optimizer.lr", default=None)
-    if lr is not None and (not number(lr) or not math.isfinite(lr) or lr <= 0):
+    optimizer = OmegaConf.select(cfg, "model.optimizer", default=None)
+    if not isinstance(optimizer, DictConfig) or "lr" not in optimizer:
+        return
+    lr = optimizer.get("lr")
+    if not number(lr) or not math.isfinite(lr) or lr <= 0:
         raise refuse("model.optimizer.lr", lr, "use a positive, finite learning rate, e.g. 0.001")
 
 
@@ -186,6 +192,24 @@ def check_optimizer(cfg: DictConfig) -> None:
     decay = OmegaConf.select(cfg, "model.optimizer.weight_decay", default=None)
     if decay is not None and (not number(decay) or not math.isfinite(decay) or decay < 0):
         raise refuse("model.optimizer.weight_decay", decay, "use a finite number, 0 or more")
+    scheduler = OmegaConf.select(cfg, "model.scheduler", default=None)
+    if not isinstance(scheduler, DictConfig):
+        return
+    if "warmup_steps" in scheduler:
+        check_whole("model.scheduler.warmup_steps", scheduler.get("warmup_steps"), 0, allowed=())
+    ratio = scheduler.get("min_lr_ratio", 0.0)
+    if not number(ratio) or not 0.0 <= ratio <= 1.0:
+        raise refuse(
+            "model.scheduler.min_lr_ratio",
+            ratio,
+            "use a number from 0 to 1 (the lowest learning rate, as a share of the highest)",
+        )
+
+
+def check_network(cfg: DictConfig) -> None:
+    dropout = OmegaConf.select(cfg, "model.net.dropout", default=None)
+    if dropout is not None and (not number(dropout) or not 0.0 <= dropout < 1.0):
+        raise refuse("model.net.dropout", dropout, "use a probability from 0 up to (not) 1")
 
 
 def check_context(cfg: DictConfig) -> None:
@@ -243,6 +267,18 @@ def check_model_parallel(cfg: DictConfig) -> None:
         )
 
 
+def check_paths(cfg: DictConfig) -> None:
+    """An empty folder would put the run's files at the top of the file system."""
+    paths = cfg.get("paths")
+    for key in paths or {}:
+        try:
+            value = paths.get(key)
+        except Exception:  # an interpolation only a running command resolves
+            continue
+        if isinstance(value, str) and not value.strip():  # None: not known until the run starts
+            raise ConfigError(f"paths.{key} is empty: give a folder, or leave it as it was.")
+
+
 def check_run_settings(cfg: DictConfig) -> None:
     matmul = cfg.get("matmul_precision")
     if matmul is not None and matmul not in MATMUL_PRECISIONS:
@@ -250,10 +286,12 @@ def check_run_settings(cfg: DictConfig) -> None:
     seed = cfg.get("seed")
     if seed is not None and (not whole(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
         raise refuse("seed", seed, f"use a whole number from 0 to {SEED_RANGE[1]}, or null")
+    check_paths(cfg)
     check_switches(cfg)
     check_trainer(cfg.trainer)
     check_learning_rate(cfg)
     check_optimizer(cfg)
+    check_network(cfg)
     check_context(cfg)
     check_model_parallel(cfg)
     check_whole("data.batch_size", OmegaConf.select(cfg, "data.batch_size", default=None), 1)

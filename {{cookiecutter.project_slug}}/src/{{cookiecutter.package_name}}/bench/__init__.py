@@ -14,6 +14,7 @@ each way of writing checkpoints holds training up (`checkpointing`).
 from __future__ import annotations
 
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -70,11 +71,25 @@ def check_bench_settings(cfg: DictConfig) -> None:
     output = Path(str(settings.output)).expanduser()
     if output.is_dir():
         raise ConfigError(f"bench.output={settings.output} is a folder: give a file path.")
+    if output.exists() and not output.is_file():
+        raise ConfigError(
+            f"bench.output={settings.output} is a device, a pipe or a socket, which the results "
+            "would replace: give a file path."
+        )
     above = next((folder for folder in output.parents if folder.exists()), None)
     if above is not None and not above.is_dir():
         raise ConfigError(
             f"bench.output={settings.output} is inside {above}, a file: give another file path."
         )
+    if above is not None:
+        try:
+            with tempfile.TemporaryFile(dir=above):
+                pass
+        except OSError as error:
+            raise ConfigError(
+                f"bench.output={settings.output} cannot be written ({error.strerror} in "
+                f"{above}): give a path in a folder you can write."
+            ) from None
 
 
 if __name__ == "__main__":
