@@ -294,4 +294,3 @@ def check_run_settings(cfg: DictConfig) -> None:
     check_network(cfg)
     check_context(cfg)
     check_model_parallel(cfg)
-    check_whole("data.batch_size", OmegaConf.select(cfg, "data.batch_size", default=None), 1)
