@@ -158,6 +158,9 @@ def test_a_hostile_or_damaged_folder_runs_nothing_and_is_one_line(
     tmp_path: Path, case: str
 ) -> None:
     damage, reason = HOSTILE[case]
+    before = tmp_path / "checkpoints" / "step0000002.ckpt"
+    write_sharded(before, step=2)
+    os.utime(before, (1, 1))
     folder = tmp_path / "checkpoints" / "last.ckpt"
     write_sharded(folder)
     (tmp_path / "checkpoints" / "secret.distcp").write_bytes(pickle.dumps(RunsCode(tmp_path)))
@@ -167,7 +170,7 @@ def test_a_hostile_or_damaged_folder_runs_nothing_and_is_one_line(
         read_checkpoint(folder)
     assert "\n" not in str(error.value) and re.search(reason, str(error.value)), error.value
     assert not marker.exists()
-    assert newest_valid_checkpoint(folder.parent) is None, "a run resumes from none of them"
+    assert newest_valid_checkpoint(folder.parent) == before, "the run resumes from the one before"
     assert (folder.parent / "last.ckpt.corrupt").is_dir(), "moved aside, not deleted"
 
 

@@ -29,6 +29,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .models.lora import add_adapters
+from .run_settings import is_model_parallel
 
 GIB = 2**30
 COMPUTE_BYTES = {"32-true": 4, "64-true": 8, "bf16-true": 2, "16-true": 2}
@@ -66,8 +67,7 @@ class MemoryPlan:
 
 def is_sharded(strategy: Any) -> bool:
     """FSDP (`strategy=fsdp`) or FSDP2 (`strategy=model_parallel`), named or configured."""
-    name = str(strategy).lower().replace("_", "")
-    return any(word in name for word in ("fsdp", "modelparallel", "shardedcheckpointstrategy"))
+    return "fsdp" in str(strategy).lower() or is_model_parallel(strategy)
 
 
 def shards_itself(model_class: type) -> bool:

@@ -229,12 +229,17 @@ def check_context(cfg: DictConfig) -> None:
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
+def is_model_parallel(strategy: Any) -> bool:
+    """`strategy=model_parallel` (FSDP2), named or configured."""
+    name = str(strategy).lower().replace("_", "")
+    return "modelparallel" in name or "shardedcheckpointstrategy" in name
+
+
 def check_model_parallel(cfg: DictConfig) -> None:
     """`strategy=model_parallel` lays its processes out as data_parallel x tensor_parallel, which
     must make up all of them; this project's models shard with FSDP2 only, over data_parallel."""
     strategy = cfg.trainer.get("strategy")
-    target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else ""
-    if not target.endswith(("ModelParallelStrategy", "ShardedCheckpointStrategy")):
+    if not isinstance(strategy, DictConfig) or not is_model_parallel(strategy):
         return
     data, tensor = strategy.get("data_parallel_size"), strategy.get("tensor_parallel_size")
     for key, value in (("data_parallel_size", data), ("tensor_parallel_size", tensor)):

@@ -47,7 +47,7 @@ from .recipe_steps import (
     write_metrics,
 )
 from .run_names import identifying
-from .run_settings import check_run_settings
+from .run_settings import check_run_settings, is_model_parallel
 from .runtime import check_fp8, is_global_zero, use_hydra_logging_only
 from .sharded_checkpoints import is_sharded
 from .targets import check_targets
@@ -73,13 +73,8 @@ def log_batch_size(per_device: int | None, trainer: L.Trainer) -> None:
     )
 
 
-def is_model_parallel(cfg: DictConfig) -> bool:
-    name = str(cfg.trainer.get("strategy")).lower().replace("_", "")
-    return "modelparallel" in name or "shardedcheckpointstrategy" in name
-
-
 def check_strategy_fits(cfg: DictConfig, model: L.LightningModule) -> None:
-    if is_model_parallel(cfg) and not shards_itself(type(model)):
+    if is_model_parallel(cfg.trainer.get("strategy")) and not shards_itself(type(model)):
         raise ConfigError(
             f"strategy=model_parallel needs a LightningModule that applies FSDP2 itself in "
             f"configure_model(); {type(model).__name__} has none. Use strategy=ddp, or "
@@ -221,7 +216,7 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
         path = Path(str(cfg.ckpt_path)).expanduser()
         checkpoint = read_checkpoint(path, trust=bool(cfg.get("trust_checkpoint")))
         check_same_model(checkpoint, model, path)
-        if is_sharded(path) and not is_model_parallel(cfg):
+        if is_sharded(path) and not is_model_parallel(cfg.trainer.get("strategy")):
             raise ConfigError(
                 f"ckpt_path={path} is a folder of shards, which only strategy=model_parallel "
                 "continues: add it (with trainer.strategy.data_parallel_size), or start a new "
