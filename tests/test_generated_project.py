@@ -27,7 +27,10 @@ COMBINATIONS = {
 
 
 def check(result: subprocess.CompletedProcess[str], what: str) -> None:
-    output = f"{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
+    """A failed step shows its output's end and, for pytest, the start of its failures."""
+    failures = result.stdout.find("= FAILURES =")
+    first = result.stdout[failures : failures + 16000] if failures >= 0 else ""
+    output = f"{first}\n[...]\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
     assert result.returncode == 0, f"{what} failed:\n{output}"
 
 

@@ -25,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """What a test's run in this process sets in the environment goes with the test: Lightning
+    sets LOCAL_RANK, WORLD_SIZE and MASTER_PORT for DDP, and a later test's command run with
+    LOCAL_RANK inherited takes itself for a process of a launcher and waits for ranks that never
+    come (a 600 s hang in CI)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture
 def train_config(tmp_path: Path) -> ComposeFn:
     """Compose `train` for a quick CPU run: no config print, CSV logs only."""

@@ -5,6 +5,7 @@ checkpoint files and the same `metrics.json` (timing keys aside)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -80,7 +81,7 @@ def start(
     return subprocess.Popen(
         [sys.executable, *entry_point(entry), *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": python_path, **(env or {})},
+        env={**os.environ, "PYTHONPATH": python_path, "PYTHONFAULTHANDLER": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -89,9 +90,30 @@ def start(
     )
 
 
-def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
-    output, _ = process.communicate(timeout=600)
+def finish(process: subprocess.Popen[str], timeout: float = 600) -> tuple[int, str]:
+    """The exit code and output of a `start`ed command; one still running after `timeout` (or
+    whose pipe a leftover process of it holds) fails the test with every process's stacks."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # PYTHONFAULTHANDLER: SIGABRT makes each Python process print its threads' stacks.
+        signal_group(process.pid, signal.SIGABRT)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            signal_group(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        signal_group(process.pid, signal.SIGKILL)
+        raise AssertionError(
+            f"still running after {timeout:.0f} s: {' '.join(map(str, process.args))}\n"
+            f"{output[-12000:]}"
+        ) from None
     return process.returncode, output
+
+
+def signal_group(group: int, signal_number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal_number)
 
 
 def run(

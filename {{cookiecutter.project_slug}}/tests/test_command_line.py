@@ -64,6 +64,34 @@ def test_python_dash_m_on_a_recipe_module_runs_its_command(module: str, tmp_path
     assert f"task_name: {RECIPE_MODULES[module]}\n" in result.stdout
 
 
+NOT_A_NUMBER = "in the environment is not a whole number"
+# environment, command, its arguments, what the error says
+LAUNCHER_ENVIRONMENT_CASES = {
+    "LOCAL_RANK not a number": ({"LOCAL_RANK": "abc"}, "train", [], f"LOCAL_RANK='abc' {NOT_A_NUMBER}"),
+    "SLURM_NTASKS not a number": ({"SLURM_NTASKS": "many", "SLURM_JOB_ID": "7"}, "train", [], f"SLURM_NTASKS='many' {NOT_A_NUMBER}"),
+    "WORLD_SIZE empty": ({"WORLD_SIZE": ""}, "evaluate", ["ckpt_path=last.ckpt"], f"WORLD_SIZE='' {NOT_A_NUMBER}"),
+    "MASTER_PORT negative": ({"MASTER_PORT": "-1"}, "bench", [], f"MASTER_PORT='-1' {NOT_A_NUMBER}"),
+    "a launcher's variables left for a run of two processes": (
+        {"LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29500"}, "train",
+        ["strategy=ddp", "trainer.devices=2"], "a launcher started 1 process(es), but trainer.devices=2",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(LAUNCHER_ENVIRONMENT_CASES))
+def test_a_launcher_environment_that_cannot_work_is_one_line_and_writes_nothing(
+    case: str, tmp_path: Path
+) -> None:
+    """torchmetrics reads LOCAL_RANK on import and Lightning SLURM_NTASKS on start-up (each was a
+    traceback); with LOCAL_RANK set, Lightning waited for ever for processes that nobody starts."""
+    environment, command, args, fragment = LAUNCHER_ENVIRONMENT_CASES[case]
+    module, function = ("bench", "main") if command == "bench" else ("cli", command)
+    entry = ["-c", f"from {PACKAGE}.{module} import {function}; {function}()"]
+    result = run_cli(*entry, "trainer=cpu", *args, cwd=tmp_path, env=environment)
+    assert fragment in one_error_line(result)
+    assert not list(tmp_path.iterdir()), "nothing written"
+
+
 COMMAND_LINE_CASES = {
     "typo in a nested key": (["model.optimizer.lrr=0.1"], ["model.optimizer.lrr", "+model.optimizer.lrr=0.1"]),
     "typo in a top-level key": (["sed=3"], ["'sed'", "+sed=3"]),

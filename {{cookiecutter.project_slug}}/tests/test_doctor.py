@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import doctor
+from {{ cookiecutter.package_name }} import doctor, memory_plan
 
 from .helpers import PACKAGE, run_cli
 
@@ -196,9 +196,29 @@ def test_outside_a_slurm_job_the_doctor_says_so(monkeypatch: pytest.MonkeyPatch)
     assert not [p for p in problems if "tasks per node" in p]
 
 
+@pytest.mark.parametrize(("gib", "warned"), [(1e-6, True), (1e6, False)])
+def test_a_run_bigger_than_the_machines_memory_on_a_cpu_is_warned(
+    monkeypatch: pytest.MonkeyPatch, gib: float, warned: bool
+) -> None:
+    """On a CPU the system kills a run that runs out of memory without a word: say so first."""
+    monkeypatch.setattr(memory_plan, "machine_memory_gib", lambda: gib)
+    _, problems = doctor.diagnose(["trainer=cpu", "trainer.devices=2", "strategy=ddp"])
+    found = [p for p in problems if "exceeds 90 % of this machine's" in p]
+    assert bool(found) == warned, problems
+    assert not found or "for each of 2 processes" in found[0]
+
+
 @pytest.mark.parametrize(
     ("setting", "words"),
-    [("trainer.devices=0", "trainer.devices=0"), ("seed=abc", "seed='abc'")],
+    [
+        ("trainer.devices=0", "trainer.devices=0"),
+        ("seed=abc", "seed='abc'"),
+        ("data.batch_size=0", "data.batch_size=0"),
+        ("data.batch_size=-4", "data.batch_size=-4"),
+        ("data.batch_size=abc", "data.batch_size='abc'"),
+        ("data.num_workers=-1", "data.num_workers=-1"),
+        ("data.num_workers=true", "data.num_workers=True"),
+    ],
 )
 def test_a_setting_a_run_would_refuse_is_a_warning(setting: str, words: str) -> None:
     _, problems = doctor.diagnose(["trainer=cpu", setting])

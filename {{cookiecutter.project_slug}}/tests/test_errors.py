@@ -165,6 +165,8 @@ def write_checkpoints_of_this_model(folder: Path, run_dir: Path) -> None:
     model = {**stored["model"], "net": net}
     partial = {**stored, "model": model}
     torch.save({"state_dict": weights, "run_config": partial}, folder / "partial_net.ckpt")
+    swapped = {**stored, "model": stored["data"], "data": stored["model"]}
+    torch.save({"state_dict": weights, "run_config": swapped}, folder / "swapped_configs.ckpt")
     fit_loop = dict(epoch_progress=dict(current=dict(completed=50)))
     past = {"state_dict": weights, "run_config": stored, "loops": dict(fit_loop=fit_loop)}
     torch.save(past, folder / "past_the_limits.ckpt")
@@ -201,6 +203,9 @@ TRAIN_CASES = {
     "too few samples held out to validate on": (["experiment=digits", "data.val_fraction=0.0001"], ["data.val_fraction=0.0001", "holds none"]),
     "a batch larger than the data set": (["experiment=digits", "data.batch_size=100000"], ["no batch", "data.batch_size=100000"]),
     "validating after more batches than an epoch has": (["experiment=digits", "trainer.val_check_interval=100000"], ["val_check_interval=100000", "check_val_every_n_epoch=null"]),
+    "a split seed that is a word": (["experiment=digits", "data.split_seed=abc"], ["data.split_seed='abc'", "whole number"]),
+    "a convolution zero wide": (["experiment=digits", "model.net.channels=[32,0]"], ["model.net.channels=[32, 0]", "1 or more"]),
+    "a network for colour images on grey ones": (["experiment=digits", "model.net.in_channels=3"], ["model.net.in_channels=3", "1 channel(s)"]),
 {%- endif %}
     "negative weight decay": (["model.optimizer.weight_decay=-1"], ["model.optimizer.weight_decay=-1", "0 or more"]),
 {%- if cookiecutter.examples != "vision" %}
@@ -364,6 +369,7 @@ EVAL_CASES = {
     "a weight of another shape": ("{dir}/other_shape.ckpt", ["another model", "other shape"]),
     "a weight too many": ("{dir}/extra_weight.ckpt", ["another model", "unexpected: extra.weight"]),
     "a network built as a partial, holding no weights": ("{dir}/partial_net.ckpt", []),
+    "the data config where the model's should be": ("{dir}/swapped_configs.ckpt", ["data._target_ in the run_config stored in ckpt_path=", "not a LightningDataModule"]),
 }  # fmt: skip
 
 

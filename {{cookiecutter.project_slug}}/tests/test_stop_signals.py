@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from .helpers import PACKAGE
 from .killing import (
     SMALL_RUN,
     References,
@@ -201,3 +204,39 @@ def test_sigterm_ends_a_run_still_waiting_for_its_peers(tmp_path: Path) -> None:
         waiting.wait()
         assert waiting.stdout is not None
         waiting.stdout.close()
+
+
+LOADER_ALIVE_AT_EXIT = """
+import torch
+from {package}.data.base import SplitDataModule
+
+class Numbers(SplitDataModule):
+    def load_splits(self):
+        numbers = torch.utils.data.TensorDataset(torch.arange(64.0))
+        return dict(train=numbers, val=numbers, test=numbers)
+
+module = Numbers(batch_size=4, num_workers=2)
+module.setup("fit")
+loader = module.train_dataloader()
+batches = iter(loader)
+next(batches)
+kept = [loader, batches]
+kept.append(kept)  # a cycle: only the garbage collector, which exit does not wait for, frees it
+print("a batch loaded", flush=True)
+"""
+
+
+def test_a_loader_still_alive_at_exit_does_not_keep_the_process_waiting(tmp_path: Path) -> None:
+    """Workers ignore SIGTERM (data.base.init_worker), which is how Python's exit ends them."""
+    script = LOADER_ALIVE_AT_EXIT.format(package=PACKAGE)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail("the process still waited for its loader's workers 60 s after its work")
+    assert process.returncode == 0 and "a batch loaded" in output, output[-3000:]

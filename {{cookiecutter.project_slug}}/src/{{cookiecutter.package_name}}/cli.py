@@ -3,8 +3,10 @@ once a run really starts, so `--help`, `--cfg job` and tab completion answer at 
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import hydra
@@ -14,6 +16,7 @@ from . import command_errors, run_record, stop_signals
 from .console import remove_unused_run_dir
 from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .run_names import pasteable, verbatim
+from .run_settings import check_launcher_environment
 
 
 def in_multirun() -> bool:
@@ -32,7 +35,16 @@ def end_progress_bars() -> None:
     sys.stdout.flush()
 
 
-def _run(task: Any, cfg: DictConfig) -> float | None:
+def recipe(name: str) -> Callable[[DictConfig], Any]:
+    """The recipe module's function of the same name, imported when called: it imports torch."""
+
+    def run(cfg: DictConfig) -> Any:
+        return getattr(importlib.import_module(f".{name}", __package__), name)(cfg)
+
+    return run
+
+
+def _run(task: Callable[[DictConfig], Any], cfg: DictConfig) -> float | None:
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
@@ -44,6 +56,7 @@ def _run(task: Any, cfg: DictConfig) -> float | None:
             raise ConfigError(
                 f"{', '.join(missing)} must be set: add e.g. {missing[0]}=... to the command."
             )
+        check_launcher_environment()  # torchmetrics reads LOCAL_RANK on import
         metrics = task(cfg)
     except Exception as raised:
         error = raised_by_a_spawned_process(raised) or raised
@@ -138,40 +151,30 @@ def train_main(cfg: DictConfig) -> float | None:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(1)
-    from .train import train as run_training
-
-    return _run(run_training, cfg)
+    return _run(recipe("train"), cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def evaluate_main(cfg: DictConfig) -> float | None:
     """Test a checkpoint written by `train`."""
-    from .evaluate import evaluate as run_evaluation
-
-    return _run(run_evaluation, cfg)
+    return _run(recipe("evaluate"), cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="predict")
 def predict_main(cfg: DictConfig) -> float | None:
     """Run a checkpoint written by `train` on new inputs."""
-    from .predict import predict as run_prediction
-
-    return _run(run_prediction, cfg)
+    return _run(recipe("predict"), cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="export")
 def export_main(cfg: DictConfig) -> float | None:
     """Write a checkpoint as a plain (merged) checkpoint, a torch.export program or ONNX."""
-    from .export import export as run_export
-
-    return _run(run_export, cfg)
+    return _run(recipe("export"), cfg)
 {%- if cookiecutter.examples != "vision" %}
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="prepare")
 def prepare_main(cfg: DictConfig) -> float | None:
     """Tokenize a text corpus into memory-mapped token shards."""
-    from .prepare import prepare as run_preparation
-
-    return _run(run_preparation, cfg)
+    return _run(recipe("prepare"), cfg)
 {%- endif %}

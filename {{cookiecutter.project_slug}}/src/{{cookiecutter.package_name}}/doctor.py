@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 
-from .data.base import auto_workers, usable_cores
+from .data.base import auto_workers, check_loader_settings, usable_cores
 from .errors import ConfigError
 from .memory_plan import fit_warning, plan_for_run
 from .run_settings import check_run_settings
@@ -246,6 +246,9 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         return fields, problems
     try:
         check_run_settings(cfg)
+        data = cfg.get("data")
+        if data is not None and "batch_size" in data and "num_workers" in data:
+            check_loader_settings(data.batch_size, data.num_workers)
     except ConfigError as error:
         problems.append(f"a run would refuse this config: {error}")
 

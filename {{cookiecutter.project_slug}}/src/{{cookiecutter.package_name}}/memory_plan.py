@@ -21,7 +21,9 @@ come on top: leave a margin of about 10 %.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -149,14 +151,46 @@ def device_memory_gib(accelerator: str) -> float | None:
     return None
 
 
+def machine_memory_gib() -> float | None:
+    """The memory this machine, or the container's limit (cgroup v2) where lower, gives."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX, or the value is unknown
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        limit = "max"
+    if limit.isdigit():
+        memory = min(memory, int(limit))
+    return memory / GIB
+
+
+REMEDIES = (
+    "lower data.batch_size (with trainer.accumulate_grad_batches to keep the global batch), set "
+    "model.net.activation_checkpointing=true, or use strategy=model_parallel."
+)
+
+
 def fit_warning(plan: MemoryPlan, accelerator: str) -> str | None:
-    """A line when the estimate exceeds the device's memory (GPUs only)."""
+    """A line when the estimate exceeds 90 % of the GPU's memory or, on a CPU, of the machine's
+    shared by its training processes (where running out ends the run without a word)."""
+    if accelerator == "cpu":
+        memory = machine_memory_gib()
+        processes = max(1, plan.devices)
+        if memory is None or plan.total * processes <= 0.9 * memory * GIB:
+            return None
+        each = f", {plan.total / GIB:.1f} GiB for each of {processes} processes"
+        return (
+            f"the estimated {plan.total * processes / GIB:.1f} GiB"
+            f"{each if processes > 1 else ''} exceeds 90 % of this "
+            f"machine's {memory:.1f} GiB, and the system would kill the run without a message: "
+            f"{REMEDIES}"
+        )
     memory = device_memory_gib(accelerator)
     if memory is None or plan.total <= 0.9 * memory * GIB:
         return None
     return (
         f"the estimated {plan.total / GIB:.1f} GiB per device exceeds 90 % of this GPU's "
-        f"{memory:.1f} GiB: lower data.batch_size (with trainer.accumulate_grad_batches to keep "
-        "the global batch), set model.net.activation_checkpointing=true, or use "
-        "strategy=model_parallel."
+        f"{memory:.1f} GiB: {REMEDIES}"
     )

@@ -58,6 +58,27 @@ def config_errors() -> Iterator[None]:
         ) from error
 
 
+def build_model_and_data(
+    model_cfg: Any, data_cfg: Any, where: str = ""
+) -> tuple[L.LightningModule, L.LightningDataModule]:
+    """The model and data module that the configs name, refused in one line where a `_target_`
+    builds something else (`where`: the checkpoint the configs came from)."""
+    with config_errors():
+        datamodule = instantiate(data_cfg)
+        model = instantiate(model_cfg)
+    for key, built, kind in (
+        ("data", datamodule, L.LightningDataModule),
+        ("model", model, L.LightningModule),
+    ):
+        if not isinstance(built, kind):
+            source = f"the run_config stored in {where}" if where else "this config"
+            raise ConfigError(
+                f"{key}._target_ in {source} builds a {type(built).__name__}, not a "
+                f"{kind.__name__}: name a {kind.__name__} class there."
+            )
+    return model, datamodule
+
+
 @contextmanager
 def exit_143_on_stop_signals() -> Iterator[None]:
     """Watch SIGTERM/SIGUSR1/SIGUSR2 for the whole run; a run stopped by one exits with code 143

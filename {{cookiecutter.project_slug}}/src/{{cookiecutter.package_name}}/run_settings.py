@@ -4,6 +4,7 @@ line that names the key and what to write instead. No torch here."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -210,6 +211,11 @@ def check_network(cfg: DictConfig) -> None:
     dropout = OmegaConf.select(cfg, "model.net.dropout", default=None)
     if dropout is not None and (not number(dropout) or not 0.0 <= dropout < 1.0):
         raise refuse("model.net.dropout", dropout, "use a probability from 0 up to (not) 1")
+    widths = OmegaConf.select(cfg, "model.net.channels", default=None)
+    if widths is not None and not (
+        isinstance(widths, ListConfig) and all(whole(width) and width >= 1 for width in widths)
+    ):
+        raise refuse("model.net.channels", widths, "use a list of widths of 1 or more ([32,64])")
 
 
 def check_context(cfg: DictConfig) -> None:
@@ -284,7 +290,48 @@ def check_paths(cfg: DictConfig) -> None:
             raise ConfigError(f"paths.{key} is empty: give a folder, or leave it as it was.")
 
 
+# Numbers that launchers (torchrun, SLURM) hand each process, which torch, Lightning and
+# torchmetrics read with int() on import or start-up.
+LAUNCHER_NUMBERS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+    "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+)  # fmt: skip
+
+
+def check_launcher_environment() -> None:
+    for name in LAUNCHER_NUMBERS:
+        value = os.environ.get(name)
+        if value is not None and not value.strip().isdigit():
+            raise ConfigError(
+                f"{name}={value!r} in the environment is not a whole number. Launchers (torchrun, "
+                f"SLURM) set it for each process: unset {name}, or start the run through its "
+                "launcher."
+            )
+
+
+def check_launched_processes(trainer: DictConfig) -> None:
+    """With LOCAL_RANK set, Lightning takes this process for one a launcher started and waits
+    for trainer.devices x trainer.num_nodes of them: a launcher that started another number (or
+    a shell that kept a launcher's variables) would have it wait for ever."""
+    started = os.environ.get("WORLD_SIZE")
+    if "LOCAL_RANK" not in os.environ or started is None or "SLURM_JOB_ID" in os.environ:
+        return
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
+    per_node = (
+        devices if whole(devices) else len(devices) if isinstance(devices, ListConfig) else None
+    )
+    if per_node is None or not whole(nodes) or per_node * nodes == int(started):
+        return
+    raise ConfigError(
+        f"LOCAL_RANK and WORLD_SIZE={started} in the environment: a launcher started "
+        f"{started} process(es), but trainer.devices={devices} x trainer.num_nodes={nodes} "
+        f"asks for {per_node * nodes}. Make them agree, or unset LOCAL_RANK and WORLD_SIZE "
+        "to let the run start its own processes."
+    )
+
+
 def check_run_settings(cfg: DictConfig) -> None:
+    check_launcher_environment()
     matmul = cfg.get("matmul_precision")
     if matmul is not None and matmul not in MATMUL_PRECISIONS:
         raise refuse("matmul_precision", matmul, "use highest, high (TF32), medium or null")
@@ -294,6 +341,7 @@ def check_run_settings(cfg: DictConfig) -> None:
     check_paths(cfg)
     check_switches(cfg)
     check_trainer(cfg.trainer)
+    check_launched_processes(cfg.trainer)
     check_learning_rate(cfg)
     check_optimizer(cfg)
     check_network(cfg)

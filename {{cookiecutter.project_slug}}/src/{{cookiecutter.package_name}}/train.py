@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.utils import get_class, instantiate
+import torch
+from hydra.utils import get_class
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
@@ -37,6 +38,7 @@ from .loggers import instantiate_callbacks, instantiate_loggers
 from .memory_advice import out_of_memory_advice, out_of_memory_device, ran_out_of_memory
 from .memory_plan import fit_warning, plan_for_run, shards_itself
 from .recipe_steps import (
+    build_model_and_data,
     build_trainer,
     config_errors,
     exit_143_on_stop_signals,
@@ -95,12 +97,19 @@ def check_vocabulary(datamodule: L.LightningDataModule, net: Any) -> None:
         )
 
 
-def check_image_size(datamodule: L.LightningDataModule, net: Any) -> None:
+def check_images(datamodule: L.LightningDataModule, net: Any) -> None:
+    """The network takes the data's images: as many channels, and big enough for its poolings."""
     size, smallest = getattr(datamodule, "image_size", None), getattr(net, "min_image_size", None)
     if isinstance(size, int) and isinstance(smallest, int) and size < smallest:
         raise ConfigError(
             f"data.image_size={size} is smaller than the {smallest} pixels that the network's "
             f"poolings halve to one: use {smallest} or more, or fewer model.net.channels."
+        )
+    given, taken = getattr(datamodule, "channels", None), getattr(net, "in_channels", None)
+    if isinstance(given, int) and isinstance(taken, int) and given != taken:
+        raise ConfigError(
+            f"model.net.in_channels={taken}, but the data's images have {given} channel(s): "
+            f"set model.net.in_channels={given}."
         )
 
 
@@ -450,12 +459,11 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     progress = ExactResume()
-    with config_errors():
-        datamodule = instantiate(cfg.data)
-        model = instantiate(cfg.model)
-    check_fp8(cfg, machine.accelerator, model.net)
-    check_vocabulary(datamodule, getattr(model, "net", None))
-    check_image_size(datamodule, getattr(model, "net", None))
+    model, datamodule = build_model_and_data(cfg.model, cfg.data)
+    net = getattr(model, "net", None)
+    check_fp8(cfg, machine.accelerator, net if isinstance(net, torch.nn.Module) else model)
+    check_vocabulary(datamodule, net)
+    check_images(datamodule, net)
     check_strategy_fits(cfg, model)
     start = starting_checkpoint(cfg, model)
     start_from_weights(cfg, model, start)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -20,7 +19,7 @@ from .checkpoints import check_same_model, first_line, read_checkpoint
 from .errors import ConfigError
 from .files import absolute
 from .models.lora import is_adapter
-from .recipe_steps import config_errors
+from .recipe_steps import build_model_and_data
 from .sharded_checkpoints import is_sharded
 from .targets import check_targets
 
@@ -74,9 +73,7 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
     allowed = cfg.get("allowed_targets") or ()
     check_targets(cfg, allowed)
     check_targets({"data": data_cfg, "model": model_cfg}, allowed, source=f"{ckpt_path}")
-    with config_errors():
-        datamodule = instantiate(data_cfg)
-        model = instantiate(model_cfg)
+    model, datamodule = build_model_and_data(model_cfg, data_cfg, f"ckpt_path={ckpt_path}")
     load_base_weights(model, checkpoint, ckpt_path)
     model.on_load_checkpoint(checkpoint)
     check_same_model(checkpoint, model, ckpt_path)  # also where Lightning loads the weights

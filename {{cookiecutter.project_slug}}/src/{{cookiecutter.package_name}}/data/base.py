@@ -7,7 +7,9 @@ process or many (`callbacks.ExactResume` tells it where to start).
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
@@ -43,6 +45,8 @@ def split_indices(
     count: int, fractions: tuple[float, float], seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A seeded shuffle of range(count) cut into train, validation and test indices."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"data.split_seed={seed!r}: use a whole number of 0 or more.")
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
     val_count = int(count * fractions[0])
     test_count = int(count * fractions[1])
@@ -88,6 +92,27 @@ def init_worker(worker_id: int) -> None:
         pl_worker_init_function(worker_id)
 
 
+def kill_workers_at_exit() -> None:
+    """Python's exit ends daemonic children with SIGTERM, which workers ignore (`init_worker`),
+    and then waits for them for ever: workers of a loader still alive at exit (a test's, a
+    notebook's, an evaluation's) are killed first. Exit handlers run last-registered first, so
+    this one, registered once a loader has workers, runs before multiprocessing's."""
+    global _kill_at_exit_registered
+    if not _kill_at_exit_registered:
+        atexit.register(kill_daemon_children)
+        _kill_at_exit_registered = True
+
+
+def kill_daemon_children() -> None:
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()
+
+
+_kill_at_exit_registered = False
+
+
 MAX_AUTO_WORKERS = 8
 
 
@@ -116,6 +141,23 @@ def auto_workers(accelerator: str, processes_on_node: int, cores: int) -> tuple[
     )
 
 
+def check_loader_settings(batch_size: Any, num_workers: Any) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"data.batch_size={batch_size!r}: use a whole number of 1 or more.")
+    if num_workers != "auto" and (
+        isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
+    ):
+        raise ConfigError(
+            f"data.num_workers={num_workers!r}: use a whole number, 0 or more, or auto."
+        )
+    if isinstance(num_workers, int) and num_workers > most_processes(usable_cores()):
+        raise ConfigError(
+            f"data.num_workers={num_workers}: far more loader processes than this machine's "
+            f"{usable_cores()} cores can run: use at most {most_processes(usable_cores())}, "
+            "or auto."
+        )
+
+
 class SplitDataModule(L.LightningDataModule):
     """A data module whose `load_splits` returns the train, val and test data sets.
 
@@ -124,18 +166,7 @@ class SplitDataModule(L.LightningDataModule):
 
     def __init__(self, batch_size: int, num_workers: int | str) -> None:
         super().__init__()
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"data.batch_size={batch_size!r}: use a whole number of 1 or more.")
-        if num_workers != "auto" and (not isinstance(num_workers, int) or num_workers < 0):
-            raise ConfigError(
-                f"data.num_workers={num_workers!r}: use a whole number, 0 or more, or auto."
-            )
-        if isinstance(num_workers, int) and num_workers > most_processes(usable_cores()):
-            raise ConfigError(
-                f"data.num_workers={num_workers}: far more loader processes than this machine's "
-                f"{usable_cores()} cores can run: use at most {most_processes(usable_cores())}, "
-                "or auto."
-            )
+        check_loader_settings(batch_size, num_workers)
         self.batch_size = batch_size
         self.requested_workers = num_workers
         self.num_workers = 0 if num_workers == "auto" else int(num_workers)
@@ -173,6 +204,8 @@ class SplitDataModule(L.LightningDataModule):
         """Drop the ragged last batch when training, so compiled shapes stay static. The loader's
         own generator seeds its workers, so starting an epoch draws nothing from torch's global
         generator (which dropout uses)."""
+        if self.num_workers > 0:
+            kill_workers_at_exit()
         return DataLoader(
             self.splits[split],
             batch_size=self.batch_size,

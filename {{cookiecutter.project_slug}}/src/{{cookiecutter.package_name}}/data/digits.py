@@ -32,6 +32,7 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
 
 class DigitsDataModule(SplitDataModule):
     num_classes = 10
+    channels = 1
 
     def __init__(
         self,

@@ -99,6 +99,7 @@ def find_or_download(name: str, data_dir: Path, allow_download: bool) -> Path:
 
 class MNISTDataModule(SplitDataModule):
     num_classes = 10
+    channels = 1
 
     def __init__(
         self,

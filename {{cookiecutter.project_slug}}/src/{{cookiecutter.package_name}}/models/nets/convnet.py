@@ -22,7 +22,7 @@ class ConvNet(nn.Module):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
-        self.channels_last = channels_last
+        self.channels_last, self.in_channels = channels_last, in_channels
         self.min_image_size = 2 ** len(channels)  # each block halves the image
         blocks: list[nn.Module] = []
         previous = in_channels
