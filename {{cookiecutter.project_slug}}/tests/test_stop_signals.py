@@ -240,3 +240,54 @@ def test_a_loader_still_alive_at_exit_does_not_keep_the_process_waiting(tmp_path
         process.communicate()
         pytest.fail("the process still waited for its loader's workers 60 s after its work")
     assert process.returncode == 0 and "a batch loaded" in output, output[-3000:]
+
+
+WORKERS_UNDER_DISTRIBUTED = """
+import os, signal, sys
+import torch
+import torch.distributed as dist
+from {package}.data.base import FORK_MAY_HANG, SplitDataModule
+
+dist.init_process_group("gloo", init_method="file://{rendezvous}", rank=0, world_size=1)
+
+class Numbers(SplitDataModule):
+    def load_splits(self):
+        numbers = torch.utils.data.TensorDataset(torch.arange(64.0))
+        return dict(train=numbers, val=numbers, test=numbers)
+
+module = Numbers(batch_size=4, num_workers=2)
+module.setup("fit")
+loader = module.train_dataloader()
+start = loader.multiprocessing_context
+assert (start is not None and start.get_start_method() == "forkserver") == FORK_MAY_HANG, start
+received = []
+signal.signal(signal.SIGTERM, lambda number, frame: received.append(number))
+batches = iter(loader)
+seen = [next(batches)[0]]
+os.killpg(0, signal.SIGTERM)  # as `timeout`, SLURM and Kubernetes send it
+seen += [batch[0] for batch in batches]
+assert received == [signal.SIGTERM], received
+assert sorted(torch.cat(seen).tolist()) == list(range(64)), "every batch came"
+print("every batch after the signal", flush=True)
+"""
+
+
+def test_loader_workers_under_torch_distributed_start_safely_and_outlive_a_stop_signal(
+    tmp_path: Path,
+) -> None:
+    """A forked worker can hang for ever on Python before 3.11.10 when another thread held an
+    interpreter lock at the fork (CPython gh-112275; torch.distributed's threads do): there the
+    workers come from a forkserver. Either way a SIGTERM to the whole group reaches the run, which
+    decides where to stop, and leaves the workers serving it."""
+    script = WORKERS_UNDER_DISTRIBUTED.format(package=PACKAGE, rendezvous=tmp_path / "rendezvous")
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"still running after 120 s:\n{output[-3000:]}")
+    assert process.returncode == 0 and "every batch after the signal" in output, output[-3000:]

@@ -3,7 +3,6 @@ once a run really starts, so `--help`, `--cfg job` and tab completion answer at 
 
 from __future__ import annotations
 
-import importlib
 import sys
 import warnings
 from collections.abc import Callable
@@ -35,16 +34,8 @@ def end_progress_bars() -> None:
     sys.stdout.flush()
 
 
-def recipe(name: str) -> Callable[[DictConfig], Any]:
-    """The recipe module's function of the same name, imported when called: it imports torch."""
-
-    def run(cfg: DictConfig) -> Any:
-        return getattr(importlib.import_module(f".{name}", __package__), name)(cfg)
-
-    return run
-
-
 def _run(task: Callable[[DictConfig], Any], cfg: DictConfig) -> float | None:
+    """Run `task`, which imports its recipe (and with it torch) only when called."""
     extras = cfg.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
@@ -151,30 +142,60 @@ def train_main(cfg: DictConfig) -> float | None:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(1)
-    return _run(recipe("train"), cfg)
+
+    def run_training(cfg: DictConfig) -> Any:
+        from .train import train
+
+        return train(cfg)
+
+    return _run(run_training, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")
 def evaluate_main(cfg: DictConfig) -> float | None:
     """Test a checkpoint written by `train`."""
-    return _run(recipe("evaluate"), cfg)
+
+    def run_evaluation(cfg: DictConfig) -> Any:
+        from .evaluate import evaluate
+
+        return evaluate(cfg)
+
+    return _run(run_evaluation, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="predict")
 def predict_main(cfg: DictConfig) -> float | None:
     """Run a checkpoint written by `train` on new inputs."""
-    return _run(recipe("predict"), cfg)
+
+    def run_prediction(cfg: DictConfig) -> Any:
+        from .predict import predict
+
+        return predict(cfg)
+
+    return _run(run_prediction, cfg)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="export")
 def export_main(cfg: DictConfig) -> float | None:
     """Write a checkpoint as a plain (merged) checkpoint, a torch.export program or ONNX."""
-    return _run(recipe("export"), cfg)
+
+    def run_export(cfg: DictConfig) -> Any:
+        from .export import export
+
+        return export(cfg)
+
+    return _run(run_export, cfg)
 {%- if cookiecutter.examples != "vision" %}
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="prepare")
 def prepare_main(cfg: DictConfig) -> float | None:
     """Tokenize a text corpus into memory-mapped token shards."""
-    return _run(recipe("prepare"), cfg)
+
+    def run_preparation(cfg: DictConfig) -> Any:
+        from .prepare import prepare
+
+        return prepare(cfg)
+
+    return _run(run_preparation, cfg)
 {%- endif %}

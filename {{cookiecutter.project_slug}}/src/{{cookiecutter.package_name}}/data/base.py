@@ -10,8 +10,11 @@ from __future__ import annotations
 import atexit
 import itertools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,6 +93,43 @@ def init_worker(worker_id: int) -> None:
         signal.signal(signal.Signals[name], signal.SIG_IGN)
     if os.environ.get("PL_SEED_WORKERS") == "1":
         pl_worker_init_function(worker_id)
+
+
+# CPython before 3.11.10 (gh-112275): a forked child can wait for ever on the lock of the
+# interpreter's thread states when another thread held it at the fork. torch.distributed's threads
+# take it often enough to hang a DDP run now and then: seen on 3.11.7, two gloo ranks, one rank's
+# DataLoader worker stuck inside fork.
+FORK_MAY_HANG = sys.version_info < (3, 11, 10)
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+
+
+def worker_start(dataset: Dataset[Any]) -> Any:
+    """How this process starts its DataLoader workers: forked (the default), or where a fork may
+    hang (such a Python, in a process that torch.distributed runs threads in), forked by a
+    forkserver, a process of one thread. Like forked workers (`init_worker`), the server and its
+    workers must outlive a stop signal sent to the whole process group, or the run could not stop
+    cleanly: it starts with the stop signals ignored, which a new program keeps. (A stop signal in
+    the few milliseconds that takes is lost: the run goes on until its scheduler kills it, and
+    the same command resumes it from its last checkpoint.)"""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not (FORK_MAY_HANG and distributed):
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", type(dataset).__module__])
+    handlers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    switched = {n: h for n, h in handlers.items() if h is not None} if in_main_thread() else {}
+    for number in switched:
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for number, handler in switched.items():
+            signal.signal(number, handler)
+    return context
+
+
+def in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def kill_workers_at_exit() -> None:
@@ -206,8 +246,10 @@ class SplitDataModule(L.LightningDataModule):
         generator (which dropout uses)."""
         if self.num_workers > 0:
             kill_workers_at_exit()
+        dataset = self.splits[split]
         return DataLoader(
-            self.splits[split],
+            dataset,
+            multiprocessing_context=worker_start(dataset) if self.num_workers > 0 else None,
             batch_size=self.batch_size,
             sampler=self.sampler(split),
             drop_last=split == "train",
