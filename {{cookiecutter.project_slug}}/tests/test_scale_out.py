@@ -7,6 +7,7 @@ import contextlib
 import csv
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -407,9 +408,20 @@ def test_torchrun_script_runs_two_processes(tmp_path: Path) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A free port below the range the kernel hands out to outgoing connections. A port from that
+    range (what binding port 0 gives) can, rarely, become the source port of the other node's own
+    attempt to reach the store before it listens: the node then connects to itself and waits for
+    ever, silently (a suspect for one 240 s wait in CI with both nodes' logs empty)."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    lowest = int(ranges.read_text().split()[0]) if ranges.is_file() else 32768
+    for port in random.sample(range(10000, max(10001, lowest)), 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the outgoing range")
 
 
 def node_environment(style: str, node_rank: int, port: int) -> dict[str, str]:
