@@ -22,6 +22,7 @@ from .killing import (
     assert_same_outcome,
     batches_by_step,
     fault,
+    finish,
     run,
     run_dir,
     start,
@@ -206,9 +207,11 @@ def test_sigterm_ends_a_run_still_waiting_for_its_peers(tmp_path: Path) -> None:
         waiting.stdout.close()
 
 
-LOADER_ALIVE_AT_EXIT = """
+NUMBERS = """
+import os, signal
 import torch
-from {package}.data.base import SplitDataModule
+import torch.distributed as dist
+from {package}.data.base import FORK_MAY_HANG, SplitDataModule
 
 class Numbers(SplitDataModule):
     def load_splits(self):
@@ -217,6 +220,20 @@ class Numbers(SplitDataModule):
 
 module = Numbers(batch_size=4, num_workers=2)
 module.setup("fit")
+"""
+
+
+def run_with_numbers(script: str, cwd: Path) -> tuple[int, str]:
+    """`script` after a data module of 64 numbers with 2 workers is set up, in a process of its
+    own; one still running after 60 s fails the test with its stacks (killing.finish)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", NUMBERS.format(package=PACKAGE) + script], cwd=cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    return finish(process, timeout=60)
+
+
+LOADER_ALIVE_AT_EXIT = """
 loader = module.train_dataloader()
 batches = iter(loader)
 next(batches)
@@ -228,35 +245,12 @@ print("a batch loaded", flush=True)
 
 def test_a_loader_still_alive_at_exit_does_not_keep_the_process_waiting(tmp_path: Path) -> None:
     """Workers ignore SIGTERM (data.base.init_worker), which is how Python's exit ends them."""
-    script = LOADER_ALIVE_AT_EXIT.format(package=PACKAGE)
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        pytest.fail("the process still waited for its loader's workers 60 s after its work")
-    assert process.returncode == 0 and "a batch loaded" in output, output[-3000:]
+    code, output = run_with_numbers(LOADER_ALIVE_AT_EXIT, tmp_path)
+    assert code == 0 and "a batch loaded" in output, output[-3000:]
 
 
 WORKERS_UNDER_DISTRIBUTED = """
-import os, signal, sys
-import torch
-import torch.distributed as dist
-from {package}.data.base import FORK_MAY_HANG, SplitDataModule
-
 dist.init_process_group("gloo", init_method="file://{rendezvous}", rank=0, world_size=1)
-
-class Numbers(SplitDataModule):
-    def load_splits(self):
-        numbers = torch.utils.data.TensorDataset(torch.arange(64.0))
-        return dict(train=numbers, val=numbers, test=numbers)
-
-module = Numbers(batch_size=4, num_workers=2)
-module.setup("fit")
 loader = module.train_dataloader()
 start = loader.multiprocessing_context
 assert (start is not None and start.get_start_method() == "forkserver") == FORK_MAY_HANG, start
@@ -279,15 +273,6 @@ def test_loader_workers_under_torch_distributed_start_safely_and_outlive_a_stop_
     interpreter lock at the fork (CPython gh-112275; torch.distributed's threads do): there the
     workers come from a forkserver. Either way a SIGTERM to the whole group reaches the run, which
     decides where to stop, and leaves the workers serving it."""
-    script = WORKERS_UNDER_DISTRIBUTED.format(package=PACKAGE, rendezvous=tmp_path / "rendezvous")
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"still running after 120 s:\n{output[-3000:]}")
-    assert process.returncode == 0 and "every batch after the signal" in output, output[-3000:]
+    script = WORKERS_UNDER_DISTRIBUTED.replace("{rendezvous}", str(tmp_path / "rendezvous"))
+    code, output = run_with_numbers(script, tmp_path)
+    assert code == 0 and "every batch after the signal" in output, output[-3000:]
