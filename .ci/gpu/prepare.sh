@@ -2,9 +2,10 @@
 # On the development machine, before a GPU session's first `run`: bake the default project into
 # .gpu/project and download, as wheels for the device machine's Python 3.12, what its image lacks
 # (Hydra, OmegaConf, torchao). Then run, through the device tool, with carry [".gpu"]:
+#   bash .ci/gpu/figures.sh all 540       # the figures below in order of importance, in 540 s
 #   bash .ci/gpu/figures.sh gpt2          # GPT-2 small, bf16 and FP8, batches 32 and 64
 #   bash .ci/gpu/figures.sh large         # gpt_1b, bf16 and FP8
-#   bash .ci/gpu/figures.sh rest          # gpt2_medium, checkpoint stalls, the project's GPU tests
+#   bash .ci/gpu/figures.sh rest          # checkpoint stalls, the project's GPU tests, gpt2_medium
 # Each prints a Markdown table of its figures last; bench.json files come back under $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -16,7 +16,10 @@ def estimate(path: Path) -> str:
     doctor = path.with_name(path.name.replace(".json", ".doctor.json"))
     if not doctor.is_file():
         return "-"
-    memory = str(json.loads(doctor.read_text()).get("memory", "-"))
+    try:
+        memory = str(json.loads(doctor.read_text()).get("memory", "-"))
+    except ValueError:  # still being written
+        return "-"
     return memory.split(" GiB", 1)[0]
 
 
@@ -42,12 +45,16 @@ def training_rows(runs: list[tuple[Path, dict]]) -> list[str]:
 
 
 def checkpoint_rows(path: Path, result: dict) -> list[str]:
-    rows = ["| mode | saves | stall per save (s) | write per save (s) | fit wall (s) | MB |"]
-    rows.append("| --- | --- | --- | --- | --- | --- |")
+    rows = [
+        "| mode | saves | stall per save (s) | of it waiting (s) | write per save (s) "
+        "| fit wall (s) | MB |"
+    ]
+    rows.append("| --- | --- | --- | --- | --- | --- | --- |")
     for mode, row in result.items():
         if isinstance(row, dict) and "stall_median_s" in row:
             rows.append(
                 f"| {mode} | {row['saves']} | {number(row['stall_median_s'], 1, 3)} "
+                f"| {number(row.get('wait_median_s'), 1, 3)} "
                 f"| {number(row['write_median_s'], 1, 3)} | {number(row['fit_wall_s'])} "
                 f"| {number(row['checkpoint_bytes'], 1e-6)} |"
             )

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.fp8 import (
     convert_to_fp8,
     fp8_layers,
@@ -27,6 +29,8 @@ from {{ cookiecutter.package_name }}.models.nets.gpt import (
 )
 from {{ cookiecutter.package_name }}.runtime import (
     FP8_ON_CPU,
+    check_fp8,
+    resolve_accelerator,
 )
 
 from .helpers import PACKAGE, run_cli
@@ -150,6 +154,25 @@ def test_fp8_where_it_cannot_work_is_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and all(word in lines[0] for word in words), lines
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(("capability", "refused"), [((9, 0), False), ((8, 0), True)])
+def test_fp8_under_trainer_gpu_is_judged_by_the_gpus_compute_capability(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], refused: bool
+) -> None:
+    # trainer=gpu asks for accelerator "gpu": it was once refused as "not a GPU" on an H200.
+    monkeypatch.delenv(FP8_ON_CPU, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "a test GPU")
+    model, trainer = {"fp8": "tensorwise"}, {"strategy": "auto"}
+    cfg = OmegaConf.create({"model": model, "trainer": trainer})
+    net = GPT(256, 32, n_layer=1, n_head=2, n_embd=64)
+    if refused:
+        with pytest.raises(ConfigError, match=r"a test GPU has 8\.0"):
+            check_fp8(cfg, resolve_accelerator("gpu"), net)
+    else:
+        check_fp8(cfg, resolve_accelerator("gpu"), net)
 
 
 @pytest.mark.slow

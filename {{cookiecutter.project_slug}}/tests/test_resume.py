@@ -274,3 +274,51 @@ def test_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path) -> 
     with pytest.raises(NonFiniteWeightsError, match="w"):
         AtomicCheckpointIO().save_checkpoint({"state_dict": broken}, path)
     assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(2))
+
+
+class NcclLikeStrategy:
+    """Collectives that refuse a tensor off the process's device, as NCCL does (gloo, which the
+    CPU tests run, takes any): on an H200, two saves failed with "No backend type associated with
+    device type cpu"."""
+
+    root_device = torch.device("meta")
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        assert tensor.device == self.root_device, tensor.device
+        return torch.zeros((2, *tensor.shape))
+
+    def reduce(self, tensor: torch.Tensor, reduce_op: str = "sum") -> torch.Tensor:
+        assert tensor.device == self.root_device, tensor.device
+        return torch.zeros(())
+
+
+def test_metric_states_are_gathered_on_the_processs_device() -> None:
+    from types import SimpleNamespace
+
+    from torchmetrics import MeanMetric
+
+    from {{ cookiecutter.package_name }}.callbacks.exact_resume import (
+        ExactResume,
+    )
+
+    module = torch.nn.Module()
+    module.train_loss = MeanMetric()  # FSDP leaves a metric's states on the CPU
+    module.train_loss.update(torch.tensor(3.0))
+    callback = ExactResume()
+    callback.training_metrics = {"train_loss"}
+    trainer = SimpleNamespace(strategy=NcclLikeStrategy(), world_size=2)
+    states = callback.metric_states(trainer, module)  # type: ignore[arg-type]
+    assert states["train_loss"]["mean_value"].shape == (2,)
+
+
+def test_the_non_finite_check_of_a_sharded_save_reduces_on_the_processs_device(
+    tmp_path: Path,
+) -> None:
+    from typing import Any, cast
+
+    from {{ cookiecutter.package_name }}.strategies import (
+        ShardedCheckpointStrategy,
+    )
+
+    strategy = cast(Any, NcclLikeStrategy())
+    ShardedCheckpointStrategy.refuse_non_finite(strategy, {"w": torch.ones(2)}, tmp_path / "ck")

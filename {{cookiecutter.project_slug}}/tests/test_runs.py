@@ -64,6 +64,15 @@ def test_gpu_asked_for_says_whether_torch_or_the_machine_lacks_it(
     assert ("install a CUDA build" in str(refused.value)) == (cuda_build is None)
 
 
+@pytest.mark.parametrize("requested", ["gpu", "cuda", "auto"])
+def test_a_gpu_is_called_cuda_whichever_name_asked_for_it(
+    monkeypatch: pytest.MonkeyPatch, requested: str
+) -> None:
+    # The checks that follow (FP8, pinned memory, bf16, the memory plan) compare with "cuda".
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_accelerator(requested) == "cuda"
+
+
 CPUINFO = {
     "x86 without bf16": ("flags\t\t: fpu sse avx2 avx512f\n", False),
     "x86 with AVX512-BF16": ("flags\t\t: fpu avx512f avx512_bf16\n", True),

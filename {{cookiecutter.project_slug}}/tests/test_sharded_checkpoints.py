@@ -297,6 +297,7 @@ def test_the_checkpoint_bench_measures_each_way_of_saving(tmp_path: Path) -> Non
         assert results[mode]["saves"] == 4, mode
         assert results[mode]["checkpoint_bytes"] > 1e6, mode
         assert 0 < results[mode]["stall_median_s"] <= results[mode]["write_median_s"], mode
+        assert 0 <= results[mode]["wait_median_s"] <= results[mode]["stall_median_s"], mode
     assert "stall/save" in result.stdout
     assert not list(tmp_path.glob("bench-checkpoints-*")), "the measured checkpoints are removed"
 
@@ -306,3 +307,19 @@ def test_the_checkpoint_bench_measures_each_way_of_saving(tmp_path: Path) -> Non
         "error: bench.checkpointing=true measures the checkpoints of strategy=model_parallel: "
         "add it."
     ]
+
+
+@pytest.mark.parametrize("wait", [0.0, 1.4])
+def test_the_checkpoint_bench_says_when_its_stall_was_mostly_waiting_for_a_write(
+    wait: float,
+) -> None:
+    """On a GPU, saves 3 steps apart each waited for the previous 3.5 s write: a stall that
+    measured the save interval, not the save."""
+    from {{ cookiecutter.package_name }}.bench.checkpointing import (
+        report,
+    )
+
+    row = {"saves": 4, "stall_median_s": 1.5, "wait_median_s": wait, "write_median_s": 3.5,
+           "fit_wall_s": 11.7, "checkpoint_bytes": 1e9}  # fmt: skip
+    results = {"command": "bench", "save_every": 3, "consolidated": row, "sync": row, "async": row}
+    assert ("Raise bench.save_every" in report(results)) == (wait > 0.75)

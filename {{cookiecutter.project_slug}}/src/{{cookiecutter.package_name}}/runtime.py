@@ -27,7 +27,8 @@ PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true
 
 
 def resolve_accelerator(requested: str) -> str:
-    """`auto` becomes `cuda`, `mps` or `cpu`; an unavailable accelerator is a config error."""
+    """`auto` becomes `cuda`, `mps` or `cpu`, and `gpu` becomes `cuda` (one name for what the
+    checks below compare); an unavailable accelerator is a config error."""
     if requested == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -49,7 +50,7 @@ def resolve_accelerator(requested: str) -> str:
         )
     if requested == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("trainer.accelerator=mps but MPS is not available; use trainer=cpu.")
-    return requested
+    return "cuda" if requested == "gpu" else requested
 
 
 def resolve_precision(requested: str, accelerator: str) -> str:

@@ -99,12 +99,14 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
         self.checkpoint_group: Any = None
         self.stalls: list[float] = []  # seconds each save held training up
         self.writes: list[float] = []  # seconds from each save's start to its folder complete
+        self.waits: list[float] = []  # seconds of each stall spent on the previous save's write
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
     ) -> None:
         started = time.perf_counter()
         self.finish_checkpoint_writes()
+        self.waits.append(time.perf_counter() - started)
         if self.checkpoint_mode == "consolidated":
             super().save_checkpoint(checkpoint, filepath, storage_options)
             self.stalls.append(time.perf_counter() - started)
@@ -160,7 +162,8 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
             for name, value in state_dict.items()
         }
         bad = non_finite_tensors(local)
-        if self.reduce(torch.tensor(float(len(bad))), reduce_op="sum").item() > 0:
+        count = torch.tensor(float(len(bad)), device=self.root_device)  # NCCL: on the device
+        if self.reduce(count, reduce_op="sum").item() > 0:
             raise NonFiniteWeightsError(
                 f"Not writing {path}: non-finite values in "
                 f"{', '.join(bad[:5]) or 'weights of another rank'}. The previous checkpoints "

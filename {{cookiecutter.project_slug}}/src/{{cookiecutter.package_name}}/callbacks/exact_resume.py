@@ -202,9 +202,12 @@ class ExactResume(Callback):
             entry: dict[str, Any] = {"update_count": metric.update_count}
             for attr in metric._defaults:
                 value = getattr(metric, attr)
-                if isinstance(value, torch.Tensor):
-                    gathered = trainer.strategy.all_gather(value.detach())
-                    entry[attr] = (gathered if trainer.world_size > 1 else value[None]).cpu()
+                if isinstance(value, torch.Tensor) and trainer.world_size > 1:
+                    # NCCL gathers device tensors only; FSDP leaves metric states where they were.
+                    local = value.detach().to(trainer.strategy.root_device)
+                    entry[attr] = trainer.strategy.all_gather(local).cpu()
+                elif isinstance(value, torch.Tensor):
+                    entry[attr] = value.detach()[None].cpu()
                 else:
                     entry[attr] = [item.detach().cpu() for item in value]  # this rank's only
             states[name] = entry
