@@ -142,6 +142,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/callbacks/throughput.py",
         f"{src}/data/__init__.py",
         f"{src}/data/base.py",
+        f"{src}/data/daemon_children.py",
         f"{src}/data/errors.py",
         f"{src}/models/__init__.py",
         f"{src}/models/optim.py",

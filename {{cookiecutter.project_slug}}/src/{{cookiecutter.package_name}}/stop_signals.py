@@ -7,12 +7,13 @@ nothing is written before then, and the same command resumes. No torch here."""
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
+
+from .data.daemon_children import kill_daemon_children
 
 STOPPED_BY_SIGNAL_EXIT_CODE = 143
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
@@ -99,13 +100,3 @@ def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
             signal.signal(number, handler)
         _watched, _sigterm_recorded = (), False
         kill_daemon_children()
-
-
-def kill_daemon_children() -> None:
-    """DataLoader workers ignore the stop signals (`data.base.init_worker`), so that a signal to
-    the whole process group reaches the run first. Python's exit handler ends daemonic children
-    with SIGTERM and then waits for them, which would be for ever: they are killed here."""
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join()

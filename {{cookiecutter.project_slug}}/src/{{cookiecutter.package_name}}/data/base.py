@@ -23,6 +23,7 @@ import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from .daemon_children import kill_daemon_children
 from .errors import ConfigError
 
 
@@ -141,13 +142,6 @@ def kill_workers_at_exit() -> None:
     if not _kill_at_exit_registered:
         atexit.register(kill_daemon_children)
         _kill_at_exit_registered = True
-
-
-def kill_daemon_children() -> None:
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join()
 
 
 _kill_at_exit_registered = False
