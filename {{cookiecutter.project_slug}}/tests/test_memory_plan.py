@@ -112,6 +112,13 @@ def test_weights_gradients_and_optimizer_state_match_a_real_step(lora: bool) -> 
     assert (plan.parts["trained"] < plan.parts["parameters"] / 5) == lora
 
 
+def test_an_fp8_estimate_is_the_bf16_one_and_says_it_is_an_upper_bound() -> None:
+    bf16 = plan_memory(model_config(2, 64, 2, 32), 4, "bf16-mixed", 1, "auto")
+    fp8 = plan_memory(model_config(2, 64, 2, 32, fp8="tensorwise"), 4, "bf16-mixed", 1, "auto")
+    assert fp8.total == bf16.total
+    assert "upper bound" in fp8.summary() and "upper bound" not in bf16.summary()
+
+
 @pytest.mark.parametrize("strategy", ["model_parallel", "fsdp"])
 def test_sharding_divides_weights_gradients_and_optimizer_but_not_activations(
     strategy: str, tmp_path: Path
