@@ -466,6 +466,7 @@ CLI_CASES = {
     "an empty log folder": (["paths.log_dir="], ["paths.log_dir is empty"]),
     "an unknown flag": (["--bogus"], ["unrecognized arguments: --bogus", "--help"]),
     "a flag given a value it does not take": (["--cfg", "banana"], ["--cfg", "banana"]),
+    "a package the config lacks": (["--cfg", "job", "-p", "nope.key"], ["nope.key", "--cfg job"]),
     "an empty run folder": (["hydra.run.dir=''"], ["hydra.run.dir is empty"]),
     "an empty output folder": (["paths.output_dir= "], ["paths.output_dir is empty"]),
 }  # fmt: skip

@@ -6,9 +6,11 @@ removal of a run directory that a failed command made. No torch here."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hydra.core.config_store import ConfigStore
 
@@ -51,6 +53,33 @@ def report_flag_errors_in_one_line() -> None:
 
 
 report_flag_errors_in_one_line()
+
+
+def report_missing_package_as_an_error() -> None:
+    """`--cfg job -p KEY` with a KEY the config lacks: Hydra writes its own line and exits with 1;
+    here that line is an `error:` line like every other."""
+    from hydra._internal.hydra import Hydra
+
+    show = Hydra.show_cfg
+    if getattr(show, "one_line", False):
+        return
+
+    def show_cfg(self: Hydra, *args: Any, **kwargs: Any) -> None:
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                show(self, *args, **kwargs)
+        finally:
+            text = said.getvalue()
+            if text.startswith("package '") and text.rstrip().endswith("not found in config"):
+                text = f"error: {text.rstrip()}; --cfg job shows the keys it has.\n"
+            sys.stderr.write(text)
+
+    show_cfg.one_line = True  # type: ignore[attr-defined]
+    Hydra.show_cfg = show_cfg  # type: ignore[method-assign]
+
+
+report_missing_package_as_an_error()
 
 
 HYDRA_START_FILES = (
