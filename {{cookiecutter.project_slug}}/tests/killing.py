@@ -142,11 +142,11 @@ def batches_by_step(cwd: Path) -> dict[str, dict[int, str]]:
 def read_last(path: Path) -> dict[str, Any]:
     """A single-file checkpoint, or a folder of shards read whole."""
     if path.is_dir():
-        from {{ cookiecutter.package_name }}.shard_planners import (
-            read_sharded,
+        from {{ cookiecutter.package_name }}.checkpointing.door import (
+            read_shards_whole,
         )
 
-        return read_sharded(path)
+        return read_shards_whole(path)
     return dict(torch.load(path, weights_only=True))
 
 

@@ -360,8 +360,8 @@ EVAL_CASES = {
     "NaN and infinite weights": ("{dir}/diverged.ckpt", ["NaN or infinite", "w, v"]),
     "run_config as text": ("{dir}/run_config_text.ckpt", ["malformed run_config"]),
     "run_config without a model": ("{dir}/run_config_no_model.ckpt", ["malformed run_config"]),
-    "run_config with a dangling interpolation": ("{dir}/run_config_interpolation.ckpt", ["malformed run_config", "nonexistent.key"]),
-    "run_config with a missing value": ("{dir}/run_config_missing_value.ckpt", ["malformed run_config"]),
+    "run_config with a dangling interpolation": ("{dir}/run_config_interpolation.ckpt", ["holds an interpolation or resolver", "not written by train"]),
+    "run_config with a missing value": ("{dir}/run_config_missing_value.ckpt", ["holds a missing value (???)"]),
     "checkpoint naming code outside the allowlist": ("{dir}/evil_run_config.ckpt", ["os.system", "not allowed"]),
     "a loop of symbolic links": ("{dir}/loop_a.ckpt", ["loop of links"]),
     "a pickle, not a PyTorch checkpoint": ("{dir}/plain_pickle.ckpt", ["not a readable checkpoint (weights_only=True refused it)"]),
@@ -492,6 +492,37 @@ def test_bad_command_line_gets_a_clear_error_without_a_traceback(case: str, tmp_
         assert fragment in line
     left = sorted(path.name for path in tmp_path.iterdir())
     assert left == ["loop_a", "loop_b"], "nothing was written"
+
+
+OTHER_COMMAND_CASES = {
+    "bench, a class that cannot be built": (
+        ["-c", f"from {PACKAGE}.bench import main; main()", "trainer=cpu", "+model.net.bogus=1"],
+        ["model.net", "bogus"],
+    ),
+    "bench, an unknown option": (
+        ["-c", f"from {PACKAGE}.bench import main; main()", "model=nope"], ["model", "nope"],
+    ),
+    "doctor, a config that does not compose": (
+        ["-c", f"import sys; from {PACKAGE}.doctor import main; sys.exit(main())", "model=nope"],
+        ["the config does not compose", "nope"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(OTHER_COMMAND_CASES))
+def test_bench_and_doctor_refuse_bad_input_in_one_line_and_write_nothing(
+    case: str, tmp_path: Path
+) -> None:
+    args, fragments = OTHER_COMMAND_CASES[case]
+    result = subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and all(fragment in line for fragment in fragments), line
+    assert "warning:" not in result.stdout
+    assert list(tmp_path.iterdir()) == [], "nothing was written"
 
 
 def test_an_early_error_leaves_no_run_directory_behind(tmp_path: Path) -> None:

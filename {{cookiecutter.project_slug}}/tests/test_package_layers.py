@@ -134,3 +134,70 @@ def test_no_module_imports_itself_through_others() -> None:
 
     for module in sorted(GRAPH):
         walk(module, [])
+
+
+# What reads untrusted bytes, or builds objects from a config, and the one module each may be in.
+DOORS = {
+    "checkpointing.door": {
+        "pickle", "torch.load", "torch.export.load", "torch.distributed.checkpoint.load",
+        "torch.distributed.checkpoint.FileSystemReader", "torch.distributed.checkpoint.filesystem",
+        "torch.distributed.checkpoint.state_dict_loader", "numpy.load", "dcp.load", "np.load",
+    },
+    "targets": {"hydra.utils.instantiate", "hydra.utils.call", "instantiate"},
+}  # fmt: skip
+
+
+def names_used(module: str) -> set[str]:
+    """Every module imported and every dotted name read in `module` (`torch.load`, `pickle`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute):
+            parts = [node.attr]
+            value = node.value
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name):
+                found.add(".".join([value.id, *reversed(parts)]))
+        elif isinstance(node, ast.Name):
+            found.add(node.id)
+    return found
+
+
+def used_outside_its_door() -> dict[str, list[str]]:
+    return {
+        module: sorted(
+            name
+            for door, names in DOORS.items()
+            if module != door
+            for name in names_used(module)
+            if any(name == gate or name.startswith(gate + ".") for gate in names)
+        )
+        for module in MODULES
+    }
+
+
+def test_untrusted_files_are_read_and_configs_built_only_behind_their_doors() -> None:
+    """No module but `checkpointing.door` unpickles, calls `torch.load`, or hands a folder to a
+    torch.distributed.checkpoint loader; none but `targets` calls Hydra's instantiate."""
+    assert {module: found for module, found in used_outside_its_door().items() if found} == {}
+
+
+def test_the_door_check_sees_a_call_written_anywhere(tmp_path: Path) -> None:
+    probe = tmp_path / "door_probe.py"
+    source = "import pickle\nimport torch\nx = torch.load('f')\n"
+    source += "from hydra.utils import instantiate\n"
+    try:
+        probe.write_text(source)
+        MODULES["door_probe"] = probe
+        assert used_outside_its_door()["door_probe"] == [
+            "hydra.utils.instantiate", "instantiate", "pickle", "torch.load",
+        ]  # fmt: skip
+    finally:
+        MODULES.pop("door_probe", None)

@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -18,18 +19,21 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from {{ cookiecutter.package_name }}.checkpointing.door import (
+    META,
+    METADATA,
+    read_checkpoint,
+)
 from {{ cookiecutter.package_name }}.checkpoints import (
     newest_valid_checkpoint,
-    read_checkpoint,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.sharded_checkpoints import (
-    META,
-    METADATA,
     publish,
     remove,
     staging_folder,
 )
+from {{ cookiecutter.package_name }}.trained import file_digest
 
 from .helpers import PACKAGE, run_cli
 from .killing import (
@@ -140,7 +144,38 @@ def metadata_a_link(folder: Path, marker: Path) -> None:
     (folder / METADATA).symlink_to(outside)
 
 
+def storage_meta_falls_back(folder: Path, marker: Path) -> None:
+    """A `.metadata` that torch's reader fails on (a string where an object belongs), beside a
+    rank-local `__0.metadata` that runs code: torch's loader falls back to that one and reads it
+    with a bare pickle.load."""
+    metadata = pickle.loads((folder / METADATA).read_bytes())
+    real = pickle.dumps(metadata)
+    metadata.storage_meta = "x"
+    (folder / METADATA).write_bytes(pickle.dumps(metadata))
+    fallback = pickle.loads(real)
+    fallback.payload = RunsCode(marker)
+    (folder / f"__0{METADATA}").write_bytes(pickle.dumps(fallback))
+
+
+def extra_attribute(folder: Path, marker: Path) -> None:
+    metadata = pickle.loads((folder / METADATA).read_bytes())
+    metadata.extra = "a value torch never writes"
+    (folder / METADATA).write_bytes(pickle.dumps(metadata))
+
+
+def shard_offset_text(folder: Path, marker: Path) -> None:
+    edit_shard_index(folder, lambda info: setattr(info, "offset", "0"))
+
+
+def transforms(folder: Path, marker: Path) -> None:
+    edit_shard_index(folder, lambda info: setattr(info, "transform_descriptors", ["zstd"]))
+
+
 HOSTILE = {
+    "storage-meta-text-with-rank-local-fallback": (storage_meta_falls_back, r"holds a str at storage_meta"),
+    "extra-attribute": (extra_attribute, r"gives the top attributes a checkpoint never has"),
+    "offset-as-text": (shard_offset_text, r"holds a str at storage_data\['state_dict\.net\.\w+'\]\.offset"),
+    "transforms": (transforms, r"asks for transforms \['zstd'\]"),
     "metadata-runs-code": (hostile_metadata, r"\.metadata names posix\.system"),
     "value-runs-code": (hostile_value, r"holds optimizer_0\.param_groups\.0\.lr in a form that does not load as plain values"),
     "shard-overwritten": (shard_overwritten, r"does not load as plain values \(damaged"),
@@ -150,6 +185,69 @@ HOSTILE = {
     "shard-missing": (shard_missing, r"shard __0_0\.distcp is missing"),
     "shard-truncated": (shard_truncated, r"shard __0_0\.distcp is \d+ bytes, not \d+"),
 }  # fmt: skip
+
+
+def poison(folder: Path, marker: Path) -> None:
+    """The tester's recipe: a real folder of shards whose `.metadata` torch fails to read, with
+    a rank-local `__0.metadata` that runs code."""
+    storage_meta_falls_back(folder, marker)
+
+
+@pytest.mark.slow
+def test_a_poisoned_folder_runs_nothing_through_any_command(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Every way a folder of shards reaches the project: eval, predict, export, a new run's
+    ckpt_path and init_from, the base weights that a LoRA checkpoint names, read_checkpoint, and
+    a run that resumes from its own folder. None runs the payload; each refuses in one line,
+    and the resumed run puts the folder aside and goes on from the checkpoint before."""
+    reference = run_dir(reference_run(SHARDED_RUN))
+    poisoned = tmp_path / "poisoned.ckpt"
+    shutil.copytree(reference / "checkpoints" / "last.ckpt", poisoned)
+    marker = tmp_path / "ran"
+    poison(poisoned, marker)
+
+    lora = tmp_path / "lora.ckpt"
+    stored = read_last(reference / "checkpoints" / "last.ckpt")
+    torch.save(
+        {
+            "state_dict": {},
+            "run_config": stored["run_config"],
+            "base_weights": {"path": str(poisoned), "sha256": file_digest(poisoned)},
+        },
+        lora,
+    )
+    commands = {
+        "eval": ([f"ckpt_path={poisoned}", "trainer=cpu", "logger=none"], "evaluate"),
+        "predict": ([f"ckpt_path={poisoned}", "prompt=def ", "trainer=cpu"], "predict"),
+        "export": ([f"ckpt_path={poisoned}", "format=checkpoint"], "export"),
+        "train ckpt_path": ([*COMMON, "experiment=language", f"ckpt_path={poisoned}"], "train"),
+        "train init_from": ([*COMMON, "experiment=language", f"init_from={poisoned}"], "train"),
+        "LoRA base weights": ([f"ckpt_path={lora}", "trainer=cpu", "logger=none"], "evaluate"),
+    }
+    for name, (args, entry) in commands.items():
+        code, output = run(args, tmp_path / name.replace(" ", "-"), entry=entry)
+        errors = [line for line in output.splitlines() if line.startswith("error: ")]
+        assert code == 1 and len(errors) == 1, f"{name}:\n{output[-3000:]}"
+        assert "not a readable sharded checkpoint" in errors[0], errors[0]
+        assert not marker.exists(), f"{name} ran the payload"
+    with pytest.raises(ConfigError, match="holds a str at storage_meta"):
+        read_checkpoint(poisoned)
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(reference_run(SHARDED_RUN), resumed)
+    folder = run_dir(resumed)
+    (folder / "metrics.json").unlink()
+    last = folder / "checkpoints" / "last.ckpt"
+    poison(last, marker)
+    os.utime(last, None)  # the newest
+    code, output = run(SHARDED_RUN, resumed)
+    assert code == 0, output[-3000:]
+    assert not marker.exists(), "resuming ran the payload"
+    assert (folder / "checkpoints" / "last.ckpt.corrupt").is_dir(), "put aside, not deleted"
+    assert re.search(
+        r"last\.ckpt is unreadable \(its \.metadata holds a str at storage_meta", output
+    )
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

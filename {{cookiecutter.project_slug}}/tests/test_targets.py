@@ -5,9 +5,12 @@ if it ran, is refused by train and by eval before anything is imported."""
 
 from __future__ import annotations
 
+import http.server
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -167,6 +170,8 @@ def test_a_target_built_by_a_resolver_is_refused(
 def test_eval_refuses_a_checkpoint_whose_config_builds_a_target_when_resolved(
     train_config: ComposeFn, eval_config: ComposeFn, tmp_path: Path
 ) -> None:
+    """A stored config is data: an interpolation or resolver in it is refused before anything
+    resolves it."""
     marker = tmp_path / "ran"
     trained = train_config()
     model = OmegaConf.to_container(trained.model, resolve=True)
@@ -175,9 +180,67 @@ def test_eval_refuses_a_checkpoint_whose_config_builds_a_target_when_resolved(
     data = OmegaConf.to_container(trained.data, resolve=True)
     checkpoint = tmp_path / "hostile.ckpt"
     torch.save(dict(run_config={"data": data, "model": model}, state_dict={}), checkpoint)
-    with pytest.raises(ConfigError, match=re.escape("._target_=builtins.open in")):
+    refused = re.escape("holds an interpolation or resolver (`$" + "{`) at optimizer._args_[0]")
+    with pytest.raises(ConfigError, match=refused):
         evaluate(eval_config(f"ckpt_path='{checkpoint}'"))
     assert not marker.exists()
+
+
+def two_roots(trained: DictConfig, marker: Path) -> dict[str, Any]:
+    """The tester's stored config: an escaped interpolation that names a harmless network when
+    resolved from the wrapper `{data, model}` and a call of `builtins.open` when resolved from
+    the model config (where `instantiate` resolved it)."""
+    model = OmegaConf.to_container(trained.model, resolve=True)
+    data = OmegaConf.to_container(trained.data, resolve=True)
+    assert isinstance(model, dict)
+    model["s"] = {"_target_": "builtins.open", "file": str(marker), "mode": "w"}
+    model["net"] = "\\$" + "{model.s}"
+    return {"data": data, "model": {**model, "model": {"s": model["net"]}}}
+
+
+COMMANDS = {
+    "train": ["-m", PACKAGE],
+    "eval": ["-c", f"from {PACKAGE}.cli import evaluate; evaluate()"],
+    "predict": ["-c", f"from {PACKAGE}.cli import predict; predict()"],
+    "export": ["-c", f"from {PACKAGE}.cli import export; export()"],
+{%- if cookiecutter.examples != "vision" %}
+    "prepare": ["-c", f"from {PACKAGE}.cli import prepare; prepare()"],
+{%- endif %}
+    "bench": ["-c", f"from {PACKAGE}.bench import main; main()"],
+    "doctor": ["-c", f"import sys; from {PACKAGE}.doctor import main; sys.exit(main())"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_refuses_a_hostile_target_and_runs_nothing(
+    tmp_path: Path, command: str
+) -> None:
+    """The same gate in every console script: a `_target_` override that would create a file."""
+    marker = tmp_path / "ran"
+    hostile = "+model.evil={_target_:builtins.open,file:" + str(marker) + ",mode:w}"
+    ckpt = [] if command in ("train", "bench", "doctor", "prepare") else ["ckpt_path=missing.ckpt"]
+    machine = [] if command in ("export", "prepare") else ["trainer=cpu"]
+    result = run_cli(*COMMANDS[command], *machine, *ckpt, hostile, cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:] + result.stdout
+    assert "model.evil._target_=builtins.open in the config is not allowed" in errors[0]
+    assert not marker.exists(), f"{command} ran the target"
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "export"])
+def test_a_stored_config_that_would_resolve_against_another_root_runs_nothing(
+    train_config: ComposeFn, tmp_path: Path, command: str
+) -> None:
+    marker = tmp_path / "ran"
+    checkpoint = tmp_path / "hostile.ckpt"
+    run_config = two_roots(train_config(), marker)
+    torch.save(dict(run_config=run_config, state_dict={}), checkpoint)
+    args = [f"ckpt_path={checkpoint}"] + ([] if command == "export" else ["trainer=cpu"])
+    result = run_cli(*COMMANDS[command], *args, cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert "holds an interpolation or resolver" in lines[0] and "at net:" in lines[0], lines[0]
+    assert not marker.exists(), f"{command} ran the stored target"
 
 
 def test_a_target_reached_through_hydras_own_config_is_refused(tmp_path: Path) -> None:
@@ -245,3 +308,89 @@ def test_a_logging_config_naming_other_code_is_refused_before_anything_is_made(
     # Listed exactly, it is built (and Hydra's logging set-up then fails on what it returns).
     run_cli("-m", PACKAGE, "seed=abc", *handler, "allowed_targets=[zipfile.ZipFile]", cwd=tmp_path)
     assert made.is_file()
+
+
+RUN_FOLDER = "$" + "{hydra.runtime.output_dir}"
+LOG_FILE = "hydra.job_logging.handlers.file.filename="
+LOG_FILES = {
+    "absolute": [LOG_FILE + "VICTIM"],
+    "up and out": [LOG_FILE + RUN_FOLDER + "/../../../victim.txt"],
+    "through the task name": ["task_name=../../../../victim"],
+    "an environment variable": [LOG_FILE + RUN_FOLDER + "/$" + "{oc.env:LOG_TARGET}"],
+    "hydra's own logging": ["+hydra.hydra_logging.handlers.x.class=logging.FileHandler",
+                            "+hydra.hydra_logging.handlers.x.filename=VICTIM"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(LOG_FILES))
+def test_a_log_file_is_written_only_inside_the_run_folder(tmp_path: Path, case: str) -> None:
+    """An allowed FileHandler with any file name (and `mode: w`) would overwrite any file."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept\n")
+    overrides = [override.replace("VICTIM", str(victim)) for override in LOG_FILES[case]]
+    result = run_cli(
+        "-m", PACKAGE, "trainer=cpu", "debug=fdr", "logger=csv", *overrides,
+        "+hydra.job_logging.handlers.file.mode=w", cwd=tmp_path, env={"LOG_TARGET": str(victim)},
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    assert "logging writes files only in the run's folder" in lines[0], lines[0]
+    assert victim.read_text() == "kept\n" and not (tmp_path / "logs").exists()
+
+
+class CountingServer(http.server.BaseHTTPRequestHandler):
+    requests: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        CountingServer.requests.append(self.path)
+        self.send_error(404)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def local_server() -> Iterator[str]:
+    """An HTTP server on the loopback address that records every request it gets."""
+    CountingServer.requests.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CountingServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/x"
+    finally:
+        server.shutdown()
+
+
+STORED_DATA = {
+{%- if cookiecutter.examples != "language" %}
+    "_target_": f"{PACKAGE}.data.mnist.MNISTDataModule",
+    "download": True,
+{%- else %}
+    "_target_": f"{PACKAGE}.data.token_shards.TokenShardDataModule",
+{%- endif %}
+}
+LOCATION = "{{ 'data_dir' if cookiecutter.examples != 'language' else 'path' }}"
+
+
+def test_a_checkpoints_data_location_is_followed_only_to_a_local_path(
+    train_config: ComposeFn, eval_config: ComposeFn, tmp_path: Path, local_server: str
+) -> None:
+    """A stored data location that is a URL, or a path that is not there, is never followed
+    (no request leaves); the user names the data on the command line instead."""
+    model = OmegaConf.to_container(train_config().model, resolve=True)
+    for location, refused in ((local_server, "a URL"), (str(tmp_path / "gone"), "does not exist")):
+        checkpoint = tmp_path / "stored.ckpt"
+        data = {**STORED_DATA, LOCATION: location}
+        torch.save(dict(run_config={"data": data, "model": model}, state_dict={}), checkpoint)
+        with pytest.raises(
+            ConfigError, match=f"stores data.{LOCATION}=.*{refused}.*data.{LOCATION}="
+        ) as error:
+            evaluate(eval_config(f"ckpt_path='{checkpoint}'"))
+        assert "\n" not in str(error.value)
+    assert CountingServer.requests == []
+    given = eval_config(f"ckpt_path='{checkpoint}'", f"+data.{LOCATION}={tmp_path}")
+    with pytest.raises(Exception) as error:  # whatever the empty folder gives
+        evaluate(given)
+    assert "stores data." not in str(error.value), "the user's location is used"
+    assert CountingServer.requests == []

@@ -149,6 +149,30 @@ def test_a_killed_predict_run_again_writes_its_predictions_in_the_same_folder(
     assert predictions(folder) == predictions(reference)
 
 
+def test_predict_killed_while_writing_its_file_leaves_one_file_when_run_again(
+    trained: Path, tmp_path: Path
+) -> None:
+    """Killed between writing its temporary file and renaming it, the same command run again
+    leaves the predictions and nothing else."""
+    kill_in_write = (
+        "import os, signal; os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); "
+        f"from {PACKAGE}.cli import predict; predict()"
+    )
+    args = [f"ckpt_path={trained}", "inputs=test", "hydra.run.dir=out"]
+    killed = subprocess.run(
+        [sys.executable, "-c", kill_in_write, *args], cwd=tmp_path, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert list((tmp_path / "out").glob(".predictions.csv.tmp-*")), "killed mid-write"
+    result = subprocess.run(
+        [sys.executable, *entry("predict"), *args], cwd=tmp_path, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "out").glob("*predictions*")) == ["predictions.csv"]
+
+
 @pytest.mark.slow
 def test_exported_programs_match_the_model_and_run_without_the_project(
     trained: Path, tmp_path: Path

@@ -6,10 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import pickle
 import shutil
-import warnings
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,40 +14,26 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from .checkpointing.door import (
+    UNREADABLE,
+    first_line,
+    load_plain,
+    load_trusted,
+    non_finite_tensors,
+    read_fit_state,
+)
 from .errors import ConfigError
 from .memory_plan import shards_itself
 from .runtime import is_global_zero
-from .sharded_checkpoints import (
-    fsync_directory,
-    is_sharded,
-    keeps_previous,
-    read_meta,
-    remove,
-)
+from .sharded_checkpoints import fsync_directory, keeps_previous, remove
 
 log = logging.getLogger(__name__)
 
-# What loading a file that is not a whole checkpoint raises (garbage makes the unpickler fail in
-# many ways: a text file gave IndexError).
-UNREADABLE = (
-    RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, IndexError, KeyError,
-    TypeError, AttributeError, zipfile.BadZipFile,
-)  # fmt: skip
 TEMPORARY_GLOB = ".*.ckpt.tmp-*"
 
 
 class NonFiniteWeightsError(RuntimeError):
     """A checkpoint would have held NaN or infinite weights."""
-
-
-def non_finite_tensors(state_dict: dict[str, Any]) -> list[str]:
-    return [
-        name
-        for name, value in state_dict.items()
-        if isinstance(value, torch.Tensor)
-        and value.is_floating_point()
-        and not bool(torch.isfinite(value).all())
-    ]
 
 
 FULL_DISK_BYTES = 1 << 20
@@ -88,7 +71,14 @@ def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, made atomic on any filesystem (Lightning's own goes through
     $TMPDIR, which is atomic only when it shares a filesystem with the checkpoints), and refusing
-    to write non-finite weights."""
+    to write non-finite weights; its reader is the door's (`checkpointing.door`)."""
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if weights_only is False:  # a trusted checkpoint, as the user said with trust_checkpoint
+            return dict(load_trusted(Path(path)))
+        return dict(load_plain(Path(path)))
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -115,19 +105,6 @@ def remove_interrupted_writes(ckpt_dir: Path) -> None:
     for leftover in ckpt_dir.glob(TEMPORARY_GLOB):
         log.info("Removing %s, left by an interrupted save.", leftover)
         remove(leftover)
-
-
-def read_fit_state(path: Path) -> dict[str, Any]:
-    """A checkpoint of this run (a file, or a folder of shards) without its weights' values."""
-    if path.is_dir():
-        return read_meta(path)
-    return dict(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-
-
-def first_line(error: BaseException) -> str:
-    """The gist of a loading error, without torch's advice to load with weights_only=False."""
-    line = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return "weights_only=True refused it" if line.startswith("Weights only load failed") else line
 
 
 def newest_valid_checkpoint(
@@ -167,101 +144,6 @@ def newest_valid_checkpoint(
             chosen or "nothing (starting fresh)",
         )
     return chosen
-
-
-def read_checkpoint(path: Path, trust: bool = False, key: str = "ckpt_path") -> dict[str, Any]:
-    """A checkpoint given on the command line (as `key`), loaded safely (weights_only=True) and
-    checked to hold finite weights, or one error saying what is wrong. Full unpickling, which runs
-    code from the file, needs `trust`. A folder of shards is read whole into memory."""
-    checkpoint = load_checkpoint(path, trust, key)
-    check_weights(checkpoint, path, key)
-    return checkpoint
-
-
-def check_weights(checkpoint: Any, path: Path, key: str) -> None:
-    """A dict whose `state_dict` maps names to tensors, none of them NaN or infinite."""
-    if not isinstance(checkpoint, dict):
-        raise ConfigError(
-            f"{key}={path} holds a {type(checkpoint).__name__}, not a checkpoint (a dict with the "
-            "weights in state_dict): pass a checkpoint that train wrote."
-        )
-    weights = checkpoint.get("state_dict")
-    if not isinstance(weights, dict) or not all(
-        isinstance(name, str) and isinstance(value, torch.Tensor) for name, value in weights.items()
-    ):
-        raise ConfigError(
-            f"{key}={path} has no state_dict of named tensors: it was not written by this "
-            "project's train command. Pass a checkpoint that train wrote."
-        )
-    bad = non_finite_tensors(weights)
-    if bad:
-        raise ConfigError(
-            f"{key}={path} holds NaN or infinite weights ({', '.join(bad[:3])}"
-            f"{' ...' if len(bad) > 3 else ''}): pass a checkpoint from before the run diverged."
-        )
-
-
-def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
-    if is_sharded(path):
-        from .shard_planners import read_sharded
-
-        try:
-            return read_sharded(path)
-        except UNREADABLE as error:
-            raise ConfigError(
-                f"{key}={path} is not a readable sharded checkpoint ({first_line(error)}): "
-                "it may be incomplete, damaged or not written by this project. Pass another one."
-            ) from error
-    if path.is_dir():
-        inside = sorted(
-            (found for found in path.glob("**/*.ckpt") if found.is_file() or is_sharded(found)),
-            key=lambda found: found.stat().st_mtime,
-        )
-        if inside:
-            raise ConfigError(
-                f"{key}={path} is a folder: pass a checkpoint in it, e.g. {key}={inside[-1]}"
-            )
-        raise ConfigError(
-            f"{key}={path} is a folder that holds no checkpoint (a .ckpt file, or a folder of "
-            f"shards with its .metadata): pass one, e.g. {key}=logs/train/runs/<run>/checkpoints/"
-            "last.ckpt"
-        )
-    if path.exists() and not path.is_file():
-        raise ConfigError(f"{key}={path} is not a regular file: pass a checkpoint file.")
-    if path.is_symlink() and not path.exists():
-        raise ConfigError(
-            f"{key}={path} is a symbolic link that leads to no file (a broken link, or a loop of "
-            "links): pass the checkpoint file itself."
-        )
-    if not path.is_file():
-        raise ConfigError(
-            f"{key}={path} does not exist. Pass a checkpoint file, e.g. "
-            f"{key}=logs/train/runs/<run>/checkpoints/last.ckpt"
-        )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's own, about what weights_only refuses
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        if "Unsupported operand" in str(error) or "Weights only load failed" not in str(error):
-            # Not a pickle at all (random bytes), as opposed to one that names Python objects.
-            raise ConfigError(
-                f"{key}={path} is not a readable checkpoint ({first_line(error)}): it may be "
-                "truncated or not a PyTorch checkpoint. Pass another file."
-            ) from error
-        if not trust:
-            raise ConfigError(
-                f"{key}={path} holds Python objects that only full unpickling can load, "
-                "which can run any code stored in the file. If you trust where it came from, "
-                "add trust_checkpoint=true."
-            ) from error
-    except UNREADABLE as error:
-        raise ConfigError(
-            f"{key}={path} is not a readable checkpoint ({first_line(error)}): it may be "
-            "truncated or not a PyTorch checkpoint. Pass another file."
-        ) from error
-    log.warning("trust_checkpoint=true: loading %s with full unpickling.", path)
-    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def check_same_model(

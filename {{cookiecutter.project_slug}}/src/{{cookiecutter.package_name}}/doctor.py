@@ -30,6 +30,7 @@ from .errors import ConfigError
 from .memory_plan import fit_warning, plan_for_run
 from .run_settings import check_run_settings
 from .runtime import resolve_accelerator, resolve_precision
+from .targets import allow
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 GIB = 1024**3
@@ -331,6 +332,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("overrides", nargs="*", help=f"config overrides, as for {PACKAGE}-train")
     args = parser.parse_args(argv)
+    try:  # bad input, as for every command: one line, exit status 1, nothing built
+        allow(train_config(args.overrides))
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        print(f"error: the config does not compose: {reason(error)}", file=sys.stderr)
+        return 1
     fields, problems = diagnose(args.overrides)
     if args.json:
         print(json.dumps({**fields, "warnings": problems}, indent=2))

@@ -12,19 +12,20 @@ from . import run_lock
 from .loggers import instantiate_callbacks, instantiate_loggers
 from .recipe_steps import (
     build_trainer,
-    config_errors,
     exit_143_on_stop_signals,
     resolve_machine,
     scalars,
     write_metrics,
 )
 from .run_settings import check_run_settings
+from .targets import allow
 from .trained import rebuild
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
+    allow(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
         return test_checkpoint(cfg)
 
@@ -35,10 +36,9 @@ def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
     sharded = Path(str(cfg.ckpt_path)).expanduser().is_dir()  # read whole into memory here
     trained = rebuild(cfg, load_weights=sharded)
     model, datamodule, ckpt_path = trained.model, trained.datamodule, trained.path
-    with config_errors():
-        loggers = instantiate_loggers(cfg.get("logger"))
-        callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-        trainer = build_trainer(cfg, machine, callbacks, loggers)
+    loggers = instantiate_loggers(cfg.get("logger"))
+    callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
+    trainer = build_trainer(cfg, machine, callbacks, loggers)
     log.info("Testing %s", ckpt_path)
     # Lightning asks for the training callbacks, to restore their state; testing needs none of it.
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")

@@ -14,7 +14,6 @@ compared with the eager model's; above `tolerance` the export fails and nothing 
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
 import warnings
@@ -26,11 +25,13 @@ from omegaconf import DictConfig
 from torch import nn
 
 from . import run_lock
+from .checkpointing.door import load_own_export
 from .checkpoints import atomic_torch_save
 from .errors import ConfigError
-from .files import absolute
+from .files import absolute, remove_stale_temporaries
 from .models.lora import merge
 from .run_settings import check_switches
+from .targets import allow
 from .trained import Trained, rebuild
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Inference(nn.Module):
 
 
 def export(cfg: DictConfig) -> dict[str, float]:
+    allow(cfg)
     check_switches(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
         return export_checkpoint(cfg)
@@ -116,24 +118,6 @@ def check_writable(path: Path) -> list[Path]:
             f"cannot write {path} ({reason}): give output=<a file in a writable folder>."
         ) from error
     return made
-
-
-def remove_stale_temporaries(path: Path) -> None:
-    """Partial files that killed exports to `path` left behind (their process is gone)."""
-    for temporary in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
-        pid = temporary.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            temporary.unlink(missing_ok=True)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
@@ -229,8 +213,7 @@ def export_pt2(
     exported = torch.export.export(program, (example,), dynamic_shapes=shapes)
     with open(path, "wb") as file:
         torch.export.save(exported, file)
-    with open(path, "rb") as file:
-        loaded = torch.export.load(file)
+    loaded = load_own_export(path)
     with torch.no_grad():
         result: torch.Tensor = loaded.module()(check)
     return result

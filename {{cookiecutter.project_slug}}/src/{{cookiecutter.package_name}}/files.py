@@ -3,13 +3,16 @@ the command line made absolute."""
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
 
 def write_text_atomically(text: str, path: Path) -> None:
-    """Write to a temporary file beside `path`, fsync it and rename it over `path`."""
+    """Write to a temporary file beside `path`, fsync it and rename it over `path`. What a
+    killed write to `path` left behind goes first."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(temporary, "w", encoding="utf-8", newline="") as file:
@@ -19,6 +22,24 @@ def write_text_atomically(text: str, path: Path) -> None:
         temporary.replace(path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Partial files that killed writes to `path` left behind (their process is gone)."""
+    for temporary in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = temporary.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            temporary.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def absolute(path: str | Path) -> Path:

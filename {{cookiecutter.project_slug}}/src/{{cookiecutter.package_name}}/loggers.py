@@ -13,7 +13,6 @@ from pathlib import Path
 {%- endif %}
 from typing import Any
 
-from hydra.utils import instantiate
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -22,10 +21,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
 from .runtime import wandb_login_present
+from .targets import build
 {%- else %}
 from omegaconf import DictConfig
 
 from .errors import ConfigError
+from .targets import build
 {%- endif %}
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ def instantiate_group(group: DictConfig | None, where: str) -> list[Any]:
                 f"{where}.{name!s}={node!r} is not a {where} config (with a _target_): "
                 f"set {where}.{name!s}=null to turn it off."
             )
-    return [instantiate(node) for node in group.values() if node is not None]
+    return [
+        build(node, where=f"{where}.{name!s}") for name, node in group.items() if node is not None
+    ]
 
 
 def instantiate_callbacks(group: DictConfig | None, have_logger: bool) -> list[Any]:
@@ -139,10 +142,10 @@ def start_wandb(node: DictConfig) -> Any:
     means logging offline within about `settings.init_timeout` seconds, not a crash."""
     prepare_wandb(node)
     if node.get("offline") or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
-        return instantiate(node)
+        return build(node)
     timeout = float(OmegaConf.select(node, "settings.init_timeout", default=30))
     problem = wandb_server_answers(timeout / 3)
-    logger = instantiate(node)
+    logger = build(node)
     if problem is None:
         try:
             logger.experiment  # noqa: B018 (starts the run)
@@ -159,7 +162,7 @@ def start_wandb(node: DictConfig) -> Any:
         node.get("save_dir"),
     )
     node.offline = True
-    return instantiate(node)
+    return build(node)
 
 
 {%- endif %}

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .models.lora import add_adapters
 from .run_settings import is_model_parallel
+from .targets import build
 
 GIB = 2**30
 COMPUTE_BYTES = {"32-true": 4, "64-true": 8, "bf16-true": 2, "16-true": 2}
@@ -120,7 +120,7 @@ def plan_memory(
     """The memory of one training step per device, for `devices` devices in all."""
     net_cfg = OmegaConf.to_container(model_cfg.net, resolve=True)
     with torch.device("meta"):
-        net = instantiate(net_cfg)
+        net = build(net_cfg, where="model.net")
         if model_cfg.get("lora"):
             add_adapters(net, **OmegaConf.to_container(model_cfg.lora, resolve=True))  # type: ignore[arg-type]
     params = {id(p): p for p in net.parameters()}.values()

@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from . import run_lock
 from .errors import ConfigError
 from .files import write_text_atomically
-from .recipe_steps import build_trainer, config_errors, exit_143_on_stop_signals, resolve_machine
+from .recipe_steps import build_trainer, exit_143_on_stop_signals, resolve_machine
 from .run_settings import check_run_settings, check_whole
+from .targets import allow
 from .trained import Trained, rebuild
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ PROMPT_FILE_LIMIT = 64 << 20
 
 
 def predict(cfg: DictConfig) -> dict[str, float]:
+    allow(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
         return predict_checkpoint(cfg)
 
@@ -80,8 +82,7 @@ def predict_checkpoint(cfg: DictConfig) -> dict[str, float]:
         names = image_inputs(cfg, trained)
     # A single-device command: Lightning's hint to start it with srun means nothing here.
     warnings.filterwarnings("ignore", message=".*The `srun` command is available")
-    with config_errors():
-        trainer = build_trainer(cfg, machine, callbacks=[], loggers=[])
+    trainer = build_trainer(cfg, machine, callbacks=[], loggers=[])
     output_dir = Path(cfg.paths.output_dir)
     with exit_143_on_stop_signals():
         if language:

@@ -46,6 +46,7 @@ from .data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, l
 from .errors import ConfigError
 from .files import absolute
 from .run_settings import check_whole, number, refuse, whole
+from .targets import allow
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +377,7 @@ def tokenize_split(
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
+    allow(cfg)
     settings = checked_settings(cfg)
     output = checked_output(cfg)
     check_whole("workers", cfg.workers, 1)

@@ -13,8 +13,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
@@ -23,7 +21,7 @@ from . import stop_signals
 from .callbacks.preemption import Preempted
 from .checkpoints import AtomicCheckpointIO
 from .data.base import most_processes, usable_cores
-from .errors import ConfigError, TrainingError
+from .errors import ConfigError
 from .files import write_text_atomically
 from .runtime import (
     configure_matmul_precision,
@@ -31,6 +29,7 @@ from .runtime import (
     resolve_precision,
     use_hydra_logging_only,
 )
+from .targets import build
 
 log = logging.getLogger(__name__)
 
@@ -39,33 +38,14 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.items()}
 
 
-@contextmanager
-def config_errors() -> Iterator[None]:
-    """Hydra's error for a class that cannot be found or built, as one line naming the key; our
-    own errors raised while building pass through as they are."""
-    try:
-        yield
-    except InstantiationException as error:
-        if isinstance(error.__cause__, (ConfigError, TrainingError)):
-            raise error.__cause__ from None
-        message = str(error).replace(
-            ", set env var HYDRA_FULL_ERROR=1 to see chained exception", ""
-        )
-        what, _, key = message.partition("\nfull_key: ")
-        what = " ".join(what.split())
-        raise ConfigError(
-            f"{key or 'config'}: {what} Check that key's values and `_target_`."
-        ) from error
-
-
 def build_model_and_data(
     model_cfg: Any, data_cfg: Any, where: str = ""
 ) -> tuple[L.LightningModule, L.LightningDataModule]:
     """The model and data module that the configs name, refused in one line where a `_target_`
     builds something else (`where`: the checkpoint the configs came from)."""
-    with config_errors():
-        datamodule = instantiate(data_cfg)
-        model = instantiate(model_cfg)
+    source = f"the run_config stored in {where}" if where else "the config"
+    datamodule = build(data_cfg, source, "data")
+    model = build(model_cfg, source, "model")
     for key, built, kind in (
         ("data", datamodule, L.LightningDataModule),
         ("model", model, L.LightningModule),
@@ -139,8 +119,9 @@ def build_trainer(
     configure_matmul_precision(cfg.get("matmul_precision"))
     use_hydra_logging_only()
     log.info("Accelerator %s, precision %s", machine.accelerator, machine.precision)
-    return instantiate(
+    return build(
         cfg.trainer,
+        where="trainer",
         accelerator=machine.accelerator,
         precision=machine.precision,
         callbacks=callbacks,

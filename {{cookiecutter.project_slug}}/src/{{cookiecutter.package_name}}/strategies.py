@@ -22,17 +22,18 @@ from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .checkpoints import NonFiniteWeightsError, non_finite_tensors
-from .errors import ConfigError
-from .shard_planners import PlainValuesLoadPlanner, first_failure
-from .sharded_checkpoints import (
+from .checkpointing.door import (
     META,
-    check_metadata,
     is_sharded,
-    publish,
-    remove,
-    staging_folder,
+    load_plain,
+    load_shards,
+    load_trusted,
+    non_finite_tensors,
 )
+from .checkpoints import NonFiniteWeightsError
+from .errors import ConfigError
+from .sharded_checkpoints import publish, remove, staging_folder
+from .targets import allowed
 
 CHECKPOINT_MODES = ("async", "sync", "consolidated")
 
@@ -45,8 +46,11 @@ def fsdp_strategy(
 ) -> FSDPStrategy:
     """FSDP with size-based wrapping; `activation_checkpointing` names module classes to
     recompute in the backward pass (e.g. the transformer block) to save memory."""
-    checkpointed = {get_class(name) for name in activation_checkpointing or []}
-    return FSDPStrategy(
+    checkpointed = {
+        get_class(allowed(name, "trainer.strategy.activation_checkpointing"))
+        for name in activation_checkpointing or []
+    }
+    return WholeFileFSDPStrategy(
         sharding_strategy=sharding_strategy,
         auto_wrap_policy=functools.partial(
             size_based_auto_wrap_policy, min_num_params=int(wrap_min_params)
@@ -55,6 +59,28 @@ def fsdp_strategy(
         cpu_offload=cpu_offload,
         state_dict_type="full",
     )
+
+
+class WholeFileFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDP, whose checkpoints (whole files, `state_dict_type="full"`) are read by the
+    door: Lightning's own reader for them unpickles without restriction."""
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
+        path = Path(self.broadcast(checkpoint_path))
+        if path.is_dir():
+            raise ConfigError(
+                f"{path} is a folder of shards, which strategy=fsdp does not read: continue it "
+                "with strategy=model_parallel."
+            )
+        import lightning.pytorch.strategies.fsdp as lightning_fsdp
+
+        read = load_trusted if weights_only is False else load_plain
+        lazy_load = lightning_fsdp._lazy_load
+        lightning_fsdp._lazy_load = read  # type: ignore[assignment]
+        try:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        finally:
+            lightning_fsdp._lazy_load = lazy_load
 
 
 def plain_weights(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -171,29 +197,26 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
             )
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> Any:
-        """As Lightning's, but reading `.metadata` only once it is known to be safe, and letting
-        a module that loads non-strictly (LoRA adapters) read a folder that lacks weights."""
+        """As Lightning's, but every byte read through the door (`checkpointing.door`), and
+        letting a module that loads non-strictly (LoRA adapters) read a folder that lacks
+        weights."""
         self.finish_checkpoint_writes()
         path = Path(self.broadcast(checkpoint_path))
         if not is_sharded(path):
             return super().load_checkpoint(path, weights_only=weights_only)
-        check_metadata(path)
         assert self.lightning_module is not None and self.model is not None
         strict = self.lightning_module.strict_loading
-        planner = PlainValuesLoadPlanner(allow_partial_load=not strict)
         weights = {"state_dict": get_model_state_dict(self.model)}
-        with first_failure():
-            dcp.load(weights, checkpoint_id=path, planner=planner)
+        load_shards(weights, path, allow_partial=not strict)
         self.model.load_state_dict(weights["state_dict"], strict=strict)
         for index, optimizer in enumerate(self.optimizers):
             key = f"optimizer_{index}"
             state = {key: get_optimizer_state_dict(self.model, optimizer)}
-            with first_failure():
-                dcp.load(state, checkpoint_id=path, planner=planner)
+            load_shards(state, path, allow_partial=not strict)
             set_optimizer_state_dict(
                 self.model, optimizer, state[key], options=StateDictOptions(cpu_offload=True)
             )
-        return torch.load(path / META, map_location="cpu", weights_only=weights_only is not False)
+        return load_plain(path / META)
 
     def teardown(self) -> None:
         self.finish_checkpoint_writes(all_ranks=False)  # also reached when one rank failed

@@ -1,8 +1,14 @@
-"""Which classes and functions a config may name in `_target_`. Hydra imports and calls whatever a
-config names, and a checkpoint's stored config is a config too, so every `_target_`, at any depth,
-is checked before anything is imported: it must be a name that the project's own config files use
-(or name in a comment, as an option), or one that the user lists in `allowed_targets`, exactly.
-No prefix admits a whole module: `torch` alone holds functions that compile and run source code."""
+"""The gate for configs: which classes and functions a config may name in `_target_`, and the one
+function that builds objects from a config (`build`). Hydra imports and calls whatever a config
+names, and a checkpoint's stored config is a config too, so every `_target_`, at any depth, must
+be a name that the project's own config files use (or name in a comment, as an option), or one
+that the user lists in `allowed_targets`, exactly. No prefix admits a whole module: `torch` alone
+holds functions that compile and run source code.
+
+Every command checks its whole config once, before anything is written (`check_targets`), and
+`build` checks again exactly the object it instantiates: the config resolved into plain values,
+in which no interpolation is left for instantiation to resolve differently. A config stored in a
+checkpoint is data (`stored_config`): plain values, no interpolation, no resolver."""
 
 from __future__ import annotations
 
@@ -14,10 +20,12 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .errors import ConfigError
+from .errors import ConfigError, TrainingError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 NAMED_TARGET = re.compile(r"_target_\s*:\s*['\"]?([A-Za-z_][A-Za-z0-9_.]*)")
+# Classes that FSDP's activation checkpointing imports by name, as the configs offer them.
+NAMED_CLASS = re.compile(r"activation_checkpointing\s*:\s*\[\s*([A-Za-z_][A-Za-z0-9_.]*)")
 
 
 @functools.cache
@@ -26,7 +34,138 @@ def shipped_targets(config_dir: Path = CONFIG_DIR) -> frozenset[str]:
     return frozenset(
         name
         for path in sorted(config_dir.rglob("*.yaml"))
-        for name in NAMED_TARGET.findall(path.read_text(encoding="utf-8"))
+        for pattern in (NAMED_TARGET, NAMED_CLASS)
+        for name in pattern.findall(path.read_text(encoding="utf-8"))
+    )
+
+
+class Allowed:
+    """The names this command's user listed in `allowed_targets` (set once, as the command
+    starts, by `allow`)."""
+
+    names: frozenset[str] = frozenset()
+
+
+def allow(cfg: Any) -> None:
+    """Take the command's `allowed_targets` for every `build` that follows, and check its whole
+    config: the validation phase's first step in every command."""
+    Allowed.names = frozenset(str(name) for name in OmegaConf.select(cfg, "allowed_targets") or ())
+    check_targets(cfg, Allowed.names)
+
+
+def allowed(name: str, key: str) -> str:
+    """`name`, a class or function that code imports by name (not through `_target_`), if the
+    configs name it or the user listed it."""
+    if name not in shipped_targets() | Allowed.names:
+        raise ConfigError(
+            f"{key}={name} is not allowed: it may name only what the project's configs name, "
+            f"and the exact names listed in allowed_targets. If you trust that code, add it: "
+            f"'allowed_targets=[{name}]'."
+        )
+    return name
+
+
+PLAIN_VALUES = (str, int, float, bool, type(None))
+OPENS = "$" + "{"  # what starts an interpolation
+
+
+def interpolations_in(value: Any, where: str = "") -> Iterable[str]:
+    """The keys under `value` (plain containers) whose key or text holds `${`, which OmegaConf,
+    and so Hydra's instantiate, takes for an interpolation."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and OPENS in key:
+                yield path
+            yield from interpolations_in(item, path)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from interpolations_in(item, f"{where}[{index}]")
+    elif isinstance(value, str) and OPENS in value:
+        yield where or "the value"
+
+
+def stored_config(value: Any, source: str) -> dict[str, Any]:
+    """A config that a file holds (a checkpoint's run_config), as data: nested dicts with string
+    keys, lists and plain values, holding no interpolation or resolver (train stores its
+    configs resolved, so one there was put in by hand)."""
+
+    def check(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"{source} holds a key {key!r} at {where}: not a config.")
+                check(item, f"{where}.{key}" if where else key)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                check(item, f"{where}[{index}]")
+        elif not isinstance(node, PLAIN_VALUES):
+            raise ConfigError(
+                f"{source} holds a {type(node).__name__} at {where}: a stored config holds plain "
+                "values only."
+            )
+        elif node == "???":
+            raise ConfigError(
+                f"{source} holds a missing value (???) at {where}: train stores only runs whose "
+                "every value is set, so it was not written by train."
+            )
+
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source} holds a {type(value).__name__}, not a config.")
+    check(value, "")
+    found = next(iter(interpolations_in(value)), None)
+    if found is not None:
+        raise ConfigError(
+            f"{source} holds an interpolation or resolver (`{OPENS}`) at {found}: this project stores "
+            "configs resolved, so it was not written by train. Pass a checkpoint that train wrote."
+        )
+    return value
+
+
+def plain(node: Any, source: str = "the config", where: str = "") -> Any:
+    """`node` as plain values, each interpolation resolved in the config it belongs to. A value
+    that still holds `${` once resolved is refused: instantiation would make it an
+    interpolation again, resolved in another config."""
+    value = (
+        OmegaConf.to_container(node, resolve=True, throw_on_missing=False)
+        if isinstance(node, (DictConfig, ListConfig))
+        else node
+    )
+    found = next(iter(interpolations_in(value, where)), None)
+    if found is not None:
+        raise ConfigError(
+            f"{found} in {source} holds `{OPENS}` once resolved (an escaped interpolation, or one "
+            "that a resolver made), which building it would resolve again: write the value "
+            "without it."
+        )
+    return value
+
+
+def build(node: Any, source: str = "the config", where: str = "", **kwargs: Any) -> Any:
+    """The object that `node` configures: its targets checked on exactly what is instantiated.
+    The only call of Hydra's `instantiate` in the package (a test reads the source to make
+    sure)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    value = plain(node, source, where)
+    check_targets(value, Allowed.names, source, where)
+    try:
+        return instantiate(value, **kwargs)
+    except InstantiationException as error:
+        raise one_line_error(error, where) from error
+
+
+def one_line_error(error: Exception, where: str) -> Exception:
+    """Hydra's error for a class that cannot be found or built, as one line naming the key; our
+    own errors raised while building pass through as they are."""
+    if isinstance(error.__cause__, (ConfigError, TrainingError)):
+        return error.__cause__
+    message = str(error).replace(", set env var HYDRA_FULL_ERROR=1 to see chained exception", "")
+    what, _, key = message.partition("\nfull_key: ")
+    key = ".".join(part for part in (where, key) if part)
+    return ConfigError(
+        f"{key or 'config'}: {' '.join(what.split())} Check that key's values and `_target_`."
     )
 
 
@@ -141,6 +280,42 @@ def logging_factories(config: Any) -> Iterable[tuple[str, str]]:
                         yield f"hydra.{part}.{section}.{name}.{key}", named
 
 
+RUN_FOLDER = ("$" + "{hydra.runtime.output_dir}/", "$" + "{hydra:runtime.output_dir}/")
+
+
+def under_the_run(name: str, root: Any) -> bool:
+    """`name`, its interpolations resolved in the config (`${task_name}.log`), names a file
+    inside the folder it is put in."""
+    try:
+        resolved = str(OmegaConf.create({"name": name}, parent=root).name)
+    except Exception:
+        return False
+    path = Path(resolved)
+    return bool(resolved) and not path.is_absolute() and ".." not in path.parts
+
+
+def check_log_files(root: Any) -> None:
+    """A logging handler writes only inside the run's folder: `filename` (and its `mode`) could
+    otherwise overwrite any file the user can write. Checked as written, before Hydra makes the
+    folder: a job's log file is `${hydra.runtime.output_dir}/<name>`, and Hydra's own logging,
+    set up before the run has a folder, writes no file."""
+    for part in ("hydra_logging", "job_logging"):
+        handlers = OmegaConf.select(root, f"hydra.{part}.handlers")
+        plain = OmegaConf.to_container(handlers, resolve=False) if handlers is not None else None
+        for name, entry in (plain if isinstance(plain, dict) else {}).items():
+            if not isinstance(entry, dict) or entry.get("filename") is None:
+                continue
+            written = str(entry["filename"])
+            rest = next((written[len(p) :] for p in RUN_FOLDER if written.startswith(p)), None)
+            inside = part == "job_logging" and rest is not None and under_the_run(rest, root)
+            if not inside:
+                raise ConfigError(
+                    f"hydra.{part}.handlers.{name!s}.filename={written}: logging writes files only "
+                    f"in the run's folder, as hydra.job_logging.handlers.<name>.filename="
+                    f"{RUN_FOLDER[0]}<file name>."
+                )
+
+
 def check_logging_configs() -> None:
     """Hydra configures logging as it composes the config, before any command checks anything:
     the callables that the logging configs name pass a check first (Hydra's own policy refuses
@@ -165,6 +340,7 @@ def check_logging_configs() -> None:
                         f"listed in allowed_targets. If you trust that code, add it: "
                         f"'allowed_targets=[{name}]'."
                     )
+            check_log_files(root)
         configure(log_config, *args, **kwargs)
 
     checked.checks_targets = True  # type: ignore[attr-defined]

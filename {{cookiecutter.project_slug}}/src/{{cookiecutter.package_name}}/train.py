@@ -24,14 +24,8 @@ from .callbacks import ExactResume, MonitoredMetricLogged, RunConfigInCheckpoint
 from .callbacks.exact_resume import fit_state
 from .callbacks.monitored_metric import MetricNotLogged, not_logged
 from .callbacks.preemption import stop
-from .checkpoints import (
-    UNREADABLE,
-    check_same_model,
-    finish_checkpoint_writes,
-    newest_valid_checkpoint,
-    read_checkpoint,
-    read_fit_state,
-)
+from .checkpointing.door import UNREADABLE, is_sharded, read_checkpoint, read_fit_state
+from .checkpoints import check_same_model, finish_checkpoint_writes, newest_valid_checkpoint
 from .data.base import SplitDataModule
 from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .loggers import instantiate_callbacks, instantiate_loggers
@@ -40,7 +34,6 @@ from .memory_plan import fit_warning, plan_for_run, shards_itself
 from .recipe_steps import (
     build_model_and_data,
     build_trainer,
-    config_errors,
     exit_143_on_stop_signals,
     leave_process_group,
     resolve_machine,
@@ -51,8 +44,7 @@ from .recipe_steps import (
 from .run_names import identifying
 from .run_settings import check_run_settings, is_model_parallel
 from .runtime import check_fp8, is_global_zero, use_hydra_logging_only
-from .sharded_checkpoints import is_sharded
-from .targets import check_targets
+from .targets import allow
 from .trained import load_init_weights
 
 log = logging.getLogger(__name__)
@@ -430,7 +422,7 @@ def bad_data_leaves_no_logs(
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    check_targets(cfg, cfg.get("allowed_targets") or ())
+    allow(cfg)
     check_run_settings(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
         check_run_identity(cfg)
@@ -471,13 +463,12 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         check_validation_interval(cfg, datamodule)
     output_dir = Path(cfg.paths.output_dir)
     found = set(output_dir.iterdir()) if output_dir.is_dir() else set()
-    with config_errors():
-        loggers = instantiate_loggers(cfg.get("logger"))
-        callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-        monitored = OmegaConf.select(cfg, "monitor.metric", default=None)
-        callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
-        callbacks += [MonitoredMetricLogged(str(monitored) if monitored else None)]
-        trainer = build_trainer(cfg, machine, callbacks, loggers)
+    loggers = instantiate_loggers(cfg.get("logger"))
+    callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
+    monitored = OmegaConf.select(cfg, "monitor.metric", default=None)
+    callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
+    callbacks += [MonitoredMetricLogged(str(monitored) if monitored else None)]
+    trainer = build_trainer(cfg, machine, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
     log_memory_plan(cfg, machine.precision, machine.accelerator, trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)

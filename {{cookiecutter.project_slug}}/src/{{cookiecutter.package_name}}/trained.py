@@ -13,15 +13,14 @@ from typing import Any
 
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from .checkpoints import check_same_model, first_line, read_checkpoint
+from .checkpointing.door import first_line, is_sharded, read_checkpoint
+from .checkpoints import check_same_model
 from .errors import ConfigError
 from .files import absolute
 from .models.lora import is_adapter
 from .recipe_steps import build_model_and_data
-from .sharded_checkpoints import is_sharded
-from .targets import check_targets
+from .targets import plain, stored_config
 
 
 @dataclass
@@ -48,17 +47,37 @@ def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, An
             f"ckpt_path={ckpt_path} has a malformed run_config (it should hold the data and model "
             "configs): it was not written by this project's train command."
         )
-    parts = {part: stored[part] for part in ("data", "model")}
-    try:  # train stores them resolved: an interpolation left in one was put there by hand
-        resolved = OmegaConf.to_container(
-            OmegaConf.create(parts), resolve=True, throw_on_missing=True
-        )
-    except (OmegaConfBaseException, ValueError, TypeError) as error:
-        raise ConfigError(
-            f"ckpt_path={ckpt_path} has a malformed run_config ({first_line(error)}): it was not "
-            "written by this project's train command."
-        ) from None
-    return {**stored, **resolved}  # type: ignore[dict-item]
+    return {
+        part: stored_config(stored[part], f"the run_config stored in ckpt_path={ckpt_path}")
+        for part in ("data", "model")
+    }
+
+
+# Where a data config says its data is. A checkpoint's value is followed only to a local path
+# that exists; anything else (a URL, a path that is not there) must come from the command line.
+DATA_LOCATIONS = ("path", "root", "csv", "data_dir", "source")
+
+
+def stored_data(stored: dict[str, Any], given: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
+    """The stored data config with the user's keys over it; its stored locations checked, and
+    downloads off unless the user turns them on."""
+    for key, value in stored.items():
+        if key in given or not isinstance(value, str):
+            continue
+        remote = "://" in value
+        missing = key in DATA_LOCATIONS and not remote and not Path(value).expanduser().exists()
+        if (key != "source" and missing) or remote:
+            where = "a URL" if remote else "a path that does not exist here"
+            raise ConfigError(
+                f"ckpt_path={ckpt_path} stores data.{key}={value}, {where}: a checkpoint's data "
+                f"location is followed only to a local path that exists. Give the data's "
+                f"location yourself: data.{key}=..."
+            )
+    stored = dict(stored)
+    if "download" in stored and "download" not in given:
+        stored["download"] = False
+    merged = OmegaConf.merge(stored, given)
+    return OmegaConf.to_container(merged)  # type: ignore[return-value]
 
 
 def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
@@ -68,11 +87,9 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
     ckpt_path = absolute(str(cfg.ckpt_path))
     checkpoint = read_checkpoint(ckpt_path, trust=bool(cfg.get("trust_checkpoint")))
     stored = read_run_config(checkpoint, ckpt_path)
-    data_cfg = OmegaConf.merge(stored["data"], cfg.get("data") or {})
-    model_cfg = OmegaConf.merge(stored["model"], cfg.get("model") or {})
-    allowed = cfg.get("allowed_targets") or ()
-    check_targets(cfg, allowed)
-    check_targets({"data": data_cfg, "model": model_cfg}, allowed, source=f"{ckpt_path}")
+    given_data, given_model = (plain(cfg.get(part) or {}) for part in ("data", "model"))
+    data_cfg = stored_data(stored["data"], given_data, ckpt_path)
+    model_cfg = OmegaConf.to_container(OmegaConf.merge(stored["model"], given_model))
     model, datamodule = build_model_and_data(model_cfg, data_cfg, f"ckpt_path={ckpt_path}")
     load_base_weights(model, checkpoint, ckpt_path)
     model.on_load_checkpoint(checkpoint)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from ..console import remove_unused_run_dir
 from ..errors import ConfigError
 from ..run_settings import check_run_settings, check_whole
+from ..targets import allow
 
 
 @hydra.main(
@@ -56,6 +57,7 @@ def main(cfg: DictConfig) -> None:
 
 def check_bench_settings(cfg: DictConfig) -> None:
     """The run's settings as train checks them, and the bench's own, before anything is built."""
+    allow(cfg)
     check_run_settings(cfg)
     settings = cfg.bench
     check_whole("bench.warmup", settings.warmup, 1, allowed=())

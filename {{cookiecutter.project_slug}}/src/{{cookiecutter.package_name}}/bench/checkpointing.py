@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
@@ -28,6 +27,7 @@ from omegaconf import DictConfig
 from ..errors import ConfigError
 from ..runtime import resolve_accelerator, resolve_precision, use_hydra_logging_only
 from ..strategies import ShardedCheckpointStrategy
+from ..targets import build
 from .training import command_line, publish
 
 BENCH_ORDER = ("consolidated", "sync", "async")
@@ -38,12 +38,13 @@ def timed_saves(
 ) -> dict[str, Any]:
     settings = cfg.bench
     L.seed_everything(int(cfg.get("seed") or 0), workers=True)
-    strategy = instantiate(cfg.trainer.strategy, checkpoint=mode)
+    strategy = build(cfg.trainer.strategy, where="trainer.strategy", checkpoint=mode)
     saving = ModelCheckpoint(
         dirpath=folder / mode, every_n_train_steps=settings.save_every, save_top_k=-1
     )
-    trainer = instantiate(
+    trainer = build(
         cfg.trainer,
+        where="trainer",
         accelerator=accelerator,
         precision=precision,
         strategy=strategy,
@@ -57,7 +58,7 @@ def timed_saves(
         num_sanity_val_steps=0,
     )
     started = time.perf_counter()
-    trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data))
+    trainer.fit(build(cfg.model, where="model"), datamodule=build(cfg.data, where="data"))
     wall = time.perf_counter() - started
     saves = len(strategy.stalls)
     return {

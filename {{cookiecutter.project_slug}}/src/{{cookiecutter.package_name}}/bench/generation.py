@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from ..errors import ConfigError
 from ..runtime import configure_matmul_precision, resolve_accelerator, resolve_precision
+from ..targets import build
 from .training import (
     AUTOCAST_DTYPES,
     TRUE_DTYPES,
@@ -48,7 +48,7 @@ def bench_generation(cfg: DictConfig) -> dict[str, Any]:
     precision = resolve_precision(str(cfg.trainer.precision), accelerator)
     configure_matmul_precision(cfg.get("matmul_precision"))
     device = torch.device("cuda" if accelerator in ("gpu", "cuda") else accelerator)
-    model = instantiate(cfg.model)
+    model = build(cfg.model, where="model")
     net: Any = getattr(model, "net", None)
     if not callable(getattr(net, "generate", None)):
         raise ConfigError(

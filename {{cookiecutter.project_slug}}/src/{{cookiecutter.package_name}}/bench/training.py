@@ -28,7 +28,6 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -45,6 +44,7 @@ from ..runtime import (
     resolve_precision,
     use_hydra_logging_only,
 )
+from ..targets import build
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +209,9 @@ def build_trainer(
 ) -> L.Trainer:
     """The configured Trainer on one device, with no validation, logger, checkpoint, progress
     bar or configured callback: what remains is the training step as Lightning runs it."""
-    return instantiate(
+    return build(
         cfg.trainer,
+        where="trainer",
         accelerator=accelerator,
         precision=precision,
         devices=1,
@@ -235,8 +236,8 @@ def lightning_loop(
 ) -> tuple[dict[str, Any], Any, Any]:
     seed = int(cfg.get("seed") or 0)
     L.seed_everything(seed, workers=True)
-    datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model)
+    datamodule = build(cfg.data, where="data")
+    model = build(cfg.model, where="model")
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
     trainer = build_trainer(
         cfg,
@@ -257,9 +258,9 @@ def plain_loop(
     out (autocast, GradScaler for 16-mixed, accumulation, clipping, per-step LR schedule)."""
     seed = int(cfg.get("seed") or 0)
     L.seed_everything(seed, workers=True)
-    datamodule = instantiate(cfg.data)
+    datamodule = build(cfg.data, where="data")
     datamodule.setup("fit")
-    net = instantiate(cfg.model.net)
+    net = build(cfg.model.net, where="model.net")
     # As the LightningModule prepares it: adapters when it is built, float8 layers at setup.
     if cfg.model.get("lora"):
         add_adapters(net, **OmegaConf.to_container(cfg.model.lora))  # type: ignore[arg-type]
@@ -271,10 +272,12 @@ def plain_loop(
     if cfg.model.get("compile"):
         net.compile()
     accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
-    scheduler_factory = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
+    scheduler_factory = (
+        build(cfg.model.scheduler, where="model.scheduler") if cfg.model.get("scheduler") else None
+    )
     configured = configure_optimizers(
         net,
-        instantiate(cfg.model.optimizer),
+        build(cfg.model.optimizer, where="model.optimizer"),
         scheduler_factory,
         total_steps=math.ceil(clock.total / accumulate),
     )
@@ -340,8 +343,8 @@ def find_batch_size(cfg: DictConfig, accelerator: str, precision: str) -> int:
     """The largest batch size (powers of two) that trains without running out of memory."""
     from lightning.pytorch.tuner import Tuner
 
-    datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model)
+    datamodule = build(cfg.data, where="data")
+    model = build(cfg.model, where="model")
     trainer = build_trainer(cfg, accelerator, precision, [], max_steps=1)
     found = Tuner(trainer).scale_batch_size(
         model,
@@ -397,7 +400,7 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
     use_hydra_logging_only()
     device = torch.device("cuda" if accelerator in ("gpu", "cuda") else accelerator)
     with torch.device("meta"):
-        check_fp8(cfg, device.type, instantiate(cfg.model.net))
+        check_fp8(cfg, device.type, build(cfg.model.net, where="model.net"))
 
     if settings.get("find_batch_size"):
         found = find_batch_size(cfg, accelerator, precision)
