@@ -62,7 +62,7 @@ LANGUAGE_FILES = [
     PACKAGE / "data" / "tokenizer.py",
     PACKAGE / "data" / "token_shards.py",
     PACKAGE / "data" / "streaming.py",
-    PACKAGE / "prepare.py",
+    PACKAGE / "recipes" / "prepare.py",
     CONFIGS / "prepare.yaml",
     CONFIGS / "data" / "token_shards.yaml",
     CONFIGS / "experiment" / "language_bpe.yaml",

@@ -36,7 +36,7 @@ doctor() {  # doctor NAME OVERRIDES...: the memory estimate for a bench run, in 
   local name=$1 run=() setting
   shift
   for setting in "${common[@]}" "$@"; do [[ $setting == bench.* ]] || run+=("$setting"); done
-  python3 -c "from $package.doctor import main; main()" --json "${run[@]}" \
+  python3 -c "from $package.recipes.doctor import main; main()" --json "${run[@]}" \
     > "$WORK/$name.doctor.json" 2> "$WORK/$name.doctor.log" &
 }
 
@@ -48,7 +48,7 @@ bench() {  # bench SECONDS NAME OVERRIDES...: one bench.json, if SECONDS are lef
     return 0
   fi
   echo "== $name: $* ($(left) s left)"
-  timeout "$(($(left) > 1 ? $(left) : 1))" python3 -c "from $package.bench import main; main()" "${common[@]}" "$@" \
+  timeout "$(($(left) > 1 ? $(left) : 1))" python3 -c "from $package.recipes.bench import main; main()" "${common[@]}" "$@" \
     "bench.output=$WORK/$name.json" "hydra.run.dir=$WORK/runs/$name" > "$WORK/$name.log" 2>&1 \
     || echo "   failed or stopped: $(tail -n 20 "$WORK/$name.log")"
   grep -E 'step time|MFU|TFLOP|ratio|stall|consolidated|sync|async|peak' "$WORK/$name.log" | tail -n 12

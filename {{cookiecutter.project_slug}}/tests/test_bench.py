@@ -13,17 +13,17 @@ import torch
 from hydra.utils import instantiate
 {%- endif %}
 
-from {{ cookiecutter.package_name }}.bench import (
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.recipes.bench import (
     check_bench_settings,
     training,
 )
-from {{ cookiecutter.package_name }}.bench.training import (
+from {{ cookiecutter.package_name }}.recipes.bench.training import (
     StepClock,
     bench,
 )
-from {{ cookiecutter.package_name }}.errors import ConfigError
 {%- if cookiecutter.examples != "vision" %}
-from {{ cookiecutter.package_name }}.runtime import FP8_ON_CPU
+from {{ cookiecutter.package_name }}.run.machine import FP8_ON_CPU
 
 from .helpers import PACKAGE, compose_config, run_cli
 {%- else %}
@@ -165,7 +165,7 @@ def test_bench_refuses_what_training_refuses_in_one_line_leaving_nothing(
 ) -> None:
     monkeypatch.delenv(FP8_ON_CPU, raising=False)
     result = run_cli(
-        "-c", f"from {PACKAGE}.bench import main; main()", "trainer=cpu", *SMALL_GPT, *setting,
+        "-c", f"from {PACKAGE}.recipes.bench import main; main()", "trainer=cpu", *SMALL_GPT, *setting,
         cwd=tmp_path,
     )  # fmt: skip
     lines = result.stderr.strip().splitlines()
@@ -177,7 +177,7 @@ def test_generation_bench_times_both_ways_from_the_command_line(tmp_path: Path) 
     """Through the console script's own config lookup, as a user runs it."""
     output = tmp_path / "generation.json"
     result = run_cli(
-        "-c", f"from {PACKAGE}.bench import main; main()", "experiment=language", "trainer=cpu",
+        "-c", f"from {PACKAGE}.recipes.bench import main; main()", "experiment=language", "trainer=cpu",
         "bench.generation=true", "bench.batch=2", "bench.new_tokens=20", "bench.repeats=1",
         "model.net.n_layer=1", f"bench.output={output}", f"hydra.run.dir={tmp_path}",
         cwd=tmp_path,
@@ -188,7 +188,7 @@ def test_generation_bench_times_both_ways_from_the_command_line(tmp_path: Path) 
         assert results[way]["tokens_per_sec"] == pytest.approx(2 * 20 / results[way]["seconds"])
     assert "cache speedup" in result.stdout
     too_long = run_cli(
-        "-c", f"from {PACKAGE}.bench import main; main()", "experiment=language", "trainer=cpu",
+        "-c", f"from {PACKAGE}.recipes.bench import main; main()", "experiment=language", "trainer=cpu",
         "bench.generation=true", "bench.new_tokens=500", cwd=tmp_path,
     )  # fmt: skip
     assert too_long.returncode == 1 and "exceeds the model's context" in too_long.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.run_names import pasteable
+from {{ cookiecutter.package_name }}.run.names import pasteable
 
 from .helpers import PACKAGE, PROJECT_ROOT, run_cli
 from .killing import COMMON, SMALL_SHAPE, fault, run, start
@@ -421,7 +421,7 @@ def test_python_warnings_are_not_silenced_wholesale(tmp_path: Path) -> None:
     """Only the listed third-party lines go: a warning from the user's own code still shows."""
     probe = (
         "import warnings, sys\n"
-        f"from {PACKAGE}.runtime import use_hydra_logging_only\n"
+        f"from {PACKAGE}.run.machine import use_hydra_logging_only\n"
         "use_hydra_logging_only()\n"
         "warnings.warn('my own warning')\n"
     )

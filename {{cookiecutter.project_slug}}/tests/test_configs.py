@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.run_settings import (
+from {{ cookiecutter.package_name }}.run.settings import (
     SWITCHES,
 )
 

@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.callbacks import (
     throughput,
 )
 from {{ cookiecutter.package_name }}.data import base
-from {{ cookiecutter.package_name }}.train import train
+from {{ cookiecutter.package_name }}.recipes.train import train
 
 from .helpers import ComposeFn, read_metrics
 

@@ -58,7 +58,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, *gpus: SimpleNamespace, bf16: boo
 
 
 def test_every_field_is_printed(tmp_path: Path) -> None:
-    result = run_cli("-m", f"{PACKAGE}.doctor", cwd=tmp_path)
+    result = run_cli("-m", f"{PACKAGE}.recipes.doctor", cwd=tmp_path)
     for field in FIELDS:
         label = field.replace("_", " ")
         assert re.search(rf"^{label}: +\S", result.stdout, re.MULTILINE), f"no {label}: line"
@@ -67,7 +67,7 @@ def test_every_field_is_printed(tmp_path: Path) -> None:
 
 
 def test_json_has_every_key(tmp_path: Path) -> None:
-    result = run_cli("-m", f"{PACKAGE}.doctor", "--json", cwd=tmp_path)
+    result = run_cli("-m", f"{PACKAGE}.recipes.doctor", "--json", cwd=tmp_path)
     report = json.loads(result.stdout)
     assert set(FIELDS) <= set(report)
     assert result.returncode == (1 if report["warnings"] else 0), result.stderr[-3000:]

@@ -23,33 +23,33 @@ from omegaconf import DictConfig, OmegaConf
 from {{ cookiecutter.package_name }} import (
     checkpoints as checkpoints_module,
 )
-from {{ cookiecutter.package_name }}.checkpoints import (
+from {{ cookiecutter.package_name }}.checkpointing.saving import (
     newest_valid_checkpoint,
+)
+from {{ cookiecutter.package_name }}.checkpointing.trained import (
+    load_base_weights,
 )
 from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
     TrainingError,
 )
-from {{ cookiecutter.package_name }}.evaluate import evaluate
-from {{ cookiecutter.package_name }}.export import (
+from {{ cookiecutter.package_name }}.recipes.evaluate import evaluate
+from {{ cookiecutter.package_name }}.recipes.export import (
     export as run_export,
 )
-from {{ cookiecutter.package_name }}.predict import (
+from {{ cookiecutter.package_name }}.recipes.predict import (
     predict as run_prediction,
 )
-from {{ cookiecutter.package_name }}.run_names import (
+from {{ cookiecutter.package_name }}.recipes.train import train
+from {{ cookiecutter.package_name }}.run.names import (
     gpus_per_node,
 )
-from {{ cookiecutter.package_name }}.run_settings import (
+from {{ cookiecutter.package_name }}.run.settings import (
     check_run_settings,
 )
-from {{ cookiecutter.package_name }}.sweeps import (
+from {{ cookiecutter.package_name }}.sweeps.summary import (
     launches_ddp_subprocesses,
-)
-from {{ cookiecutter.package_name }}.train import train
-from {{ cookiecutter.package_name }}.trained import (
-    load_base_weights,
 )
 
 from .helpers import PACKAGE, ComposeFn, checkpoints, compose_config, run_cli
@@ -496,14 +496,14 @@ def test_bad_command_line_gets_a_clear_error_without_a_traceback(case: str, tmp_
 
 OTHER_COMMAND_CASES = {
     "bench, a class that cannot be built": (
-        ["-c", f"from {PACKAGE}.bench import main; main()", "trainer=cpu", "+model.net.bogus=1"],
+        ["-c", f"from {PACKAGE}.recipes.bench import main; main()", "trainer=cpu", "+model.net.bogus=1"],
         ["model.net", "bogus"],
     ),
     "bench, an unknown option": (
-        ["-c", f"from {PACKAGE}.bench import main; main()", "model=nope"], ["model", "nope"],
+        ["-c", f"from {PACKAGE}.recipes.bench import main; main()", "model=nope"], ["model", "nope"],
     ),
     "doctor, a config that does not compose": (
-        ["-c", f"import sys; from {PACKAGE}.doctor import main; sys.exit(main())", "model=nope"],
+        ["-c", f"import sys; from {PACKAGE}.recipes.doctor import main; sys.exit(main())", "model=nope"],
         ["the config does not compose", "nope"],
     ),
 }  # fmt: skip

@@ -27,7 +27,7 @@ from {{ cookiecutter.package_name }}.models.lora import (
 from {{ cookiecutter.package_name }}.models.nets.gpt import (
     GPT,
 )
-from {{ cookiecutter.package_name }}.runtime import (
+from {{ cookiecutter.package_name }}.run.machine import (
     FP8_ON_CPU,
     check_fp8,
     resolve_accelerator,

@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.data.text import (
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.nets.gpt import GPT
-from {{ cookiecutter.package_name }}.train import train
+from {{ cookiecutter.package_name }}.recipes.train import train
 
 from .helpers import ComposeFn, assert_checkpoints_load_safely
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.memory_plan import (
+from {{ cookiecutter.package_name }}.memory.plan import (
     plan_memory,
     transformer_activation_bytes,
 )

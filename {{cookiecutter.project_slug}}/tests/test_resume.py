@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoints import (
+from {{ cookiecutter.package_name }}.checkpointing.saving import (
     NonFiniteWeightsError,
     atomic_torch_save,
     newest_valid_checkpoint,
 )
 from {{ cookiecutter.package_name }}.command_errors import one_line
-from {{ cookiecutter.package_name }}.run_names import run_name
-from {{ cookiecutter.package_name }}.train import train
+from {{ cookiecutter.package_name }}.recipes.train import train
+from {{ cookiecutter.package_name }}.run.names import run_name
 
 from .helpers import PACKAGE, ComposeFn, run_cli
 
@@ -264,7 +264,7 @@ def test_leftover_temporary_file_of_a_killed_save_is_ignored_and_removed(tmp_pat
 
 
 def test_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path) -> None:
-    from {{ cookiecutter.package_name }}.checkpoints import (
+    from {{ cookiecutter.package_name }}.checkpointing.saving import (
         AtomicCheckpointIO,
     )
 
@@ -316,7 +316,7 @@ def test_the_non_finite_check_of_a_sharded_save_reduces_on_the_processs_device(
 ) -> None:
     from typing import Any, cast
 
-    from {{ cookiecutter.package_name }}.strategies import (
+    from {{ cookiecutter.package_name }}.run.strategies import (
         ShardedCheckpointStrategy,
     )
 

@@ -15,12 +15,12 @@ from {{ cookiecutter.package_name }}.callbacks.throughput import (
     peak_tflops,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.runtime import (
+from {{ cookiecutter.package_name }}.recipes.train import train
+from {{ cookiecutter.package_name }}.run.machine import (
     cpu_has_fast_bf16,
     resolve_accelerator,
     resolve_precision,
 )
-from {{ cookiecutter.package_name }}.train import train
 
 from .helpers import PACKAGE, ComposeFn, run_cli
 

@@ -19,13 +19,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.sweep_report import (
+from {{ cookiecutter.package_name }}.sweeps.report import (
     best_job,
     draw_summary,
     short_labels,
     significant,
 )
-from {{ cookiecutter.package_name }}.sweeps import (
+from {{ cookiecutter.package_name }}.sweeps.summary import (
     collect_jobs,
 )
 

@@ -24,16 +24,16 @@ from {{ cookiecutter.package_name }}.checkpointing.door import (
     METADATA,
     read_checkpoint,
 )
-from {{ cookiecutter.package_name }}.checkpoints import (
+from {{ cookiecutter.package_name }}.checkpointing.saving import (
     newest_valid_checkpoint,
 )
-from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.sharded_checkpoints import (
+from {{ cookiecutter.package_name }}.checkpointing.sharded import (
     publish,
     remove,
     staging_folder,
 )
-from {{ cookiecutter.package_name }}.trained import file_digest
+from {{ cookiecutter.package_name }}.checkpointing.trained import file_digest
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 from .helpers import PACKAGE, run_cli
 from .killing import (
@@ -382,7 +382,7 @@ def test_the_checkpoint_bench_measures_each_way_of_saving(tmp_path: Path) -> Non
     """The figures are machine-dependent; what is checked is that each mode saved as often as
     asked, wrote a whole checkpoint, and that the stall never exceeds the write."""
     output = tmp_path / "checkpointing.json"
-    bench = ["-c", f"from {PACKAGE}.bench import main; main()", "experiment=language"]
+    bench = ["-c", f"from {PACKAGE}.recipes.bench import main; main()", "experiment=language"]
     result = run_cli(
         *bench, "trainer=cpu", *MODEL_PARALLEL[:1], "trainer.strategy.data_parallel_size=1",
         "trainer.devices=1", "bench.checkpointing=true", "bench.warmup=2", "bench.steps=6",
@@ -413,7 +413,7 @@ def test_the_checkpoint_bench_says_when_its_stall_was_mostly_waiting_for_a_write
 ) -> None:
     """On a GPU, saves 3 steps apart each waited for the previous 3.5 s write: a stall that
     measured the save interval, not the save."""
-    from {{ cookiecutter.package_name }}.bench.checkpointing import (
+    from {{ cookiecutter.package_name }}.recipes.bench.checkpointing import (
         report,
     )
 

@@ -32,7 +32,7 @@ from {{ cookiecutter.package_name }}.data.token_shards import (
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
 )
-from {{ cookiecutter.package_name }}.prepare import (
+from {{ cookiecutter.package_name }}.recipes.prepare import (
     prepare,
 )
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package_name }}.run_lock import (
+from {{ cookiecutter.package_name }}.run.lock import (
     hold,
 )
 

@@ -19,15 +19,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
 )
-from {{ cookiecutter.package_name }}.evaluate import (
+from {{ cookiecutter.package_name }}.recipes.evaluate import (
     evaluate,
+)
+from {{ cookiecutter.package_name }}.recipes.train import (
+    train,
 )
 from {{ cookiecutter.package_name }}.targets import (
     check_targets,
     shipped_targets,
-)
-from {{ cookiecutter.package_name }}.train import (
-    train,
 )
 
 from .helpers import PACKAGE, ComposeFn, run_cli
@@ -64,7 +64,7 @@ def dangerous_calls(marker: Path) -> dict[str, list[Any]]:
         "torch.package.PackageImporter": [str(marker)],
         # Prefix look-alikes: the project's own package name, then more.
         f"{PACKAGE}_evil.run": [python],
-        f"{PACKAGE}.train.os.system": [f"touch {marker}"],
+        f"{PACKAGE}.recipes.train.os.system": [f"touch {marker}"],
     }
 
 
@@ -113,7 +113,7 @@ def test_eval_refuses_a_checkpoint_naming_a_dangerous_target_and_runs_nothing(
 
 def test_every_shipped_target_is_an_exact_name_and_none_is_a_module_prefix() -> None:
     names = shipped_targets()
-    assert f"{PACKAGE}.train.train" not in names
+    assert f"{PACKAGE}.recipes.train.train" not in names
     assert "torch" not in names and "lightning" not in names
     assert "torch.optim.AdamW" in names and "datetime.timedelta" in names
 
@@ -206,8 +206,8 @@ COMMANDS = {
 {%- if cookiecutter.examples != "vision" %}
     "prepare": ["-c", f"from {PACKAGE}.cli import prepare; prepare()"],
 {%- endif %}
-    "bench": ["-c", f"from {PACKAGE}.bench import main; main()"],
-    "doctor": ["-c", f"import sys; from {PACKAGE}.doctor import main; sys.exit(main())"],
+    "bench": ["-c", f"from {PACKAGE}.recipes.bench import main; main()"],
+    "doctor": ["-c", f"import sys; from {PACKAGE}.recipes.doctor import main; sys.exit(main())"],
 }
 
 

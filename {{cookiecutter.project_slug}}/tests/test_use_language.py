@@ -24,7 +24,7 @@ from {{ cookiecutter.package_name }}.models.lora import (
 from {{ cookiecutter.package_name }}.models.nets.gpt import (
     GPT,
 )
-from {{ cookiecutter.package_name }}.run_names import (
+from {{ cookiecutter.package_name }}.run.names import (
     verbatim,
 )
 

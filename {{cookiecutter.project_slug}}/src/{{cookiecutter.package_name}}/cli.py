@@ -11,11 +11,13 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from . import command_errors, run_record, stop_signals
+from . import command_errors
 from .console import remove_unused_run_dir
 from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
-from .run_names import pasteable, verbatim
-from .run_settings import check_launcher_environment
+from .run import record as run_record
+from .run import stop_signals
+from .run.names import pasteable, verbatim
+from .run.settings import check_launcher_environment
 
 
 def in_multirun() -> bool:
@@ -134,7 +136,7 @@ def train_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from .sweeps import ddp_multirun_problem
+    from .sweeps.summary import ddp_multirun_problem
 
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -144,7 +146,7 @@ def train_main(cfg: DictConfig) -> float | None:
             sys.exit(1)
 
     def run_training(cfg: DictConfig) -> Any:
-        from .train import train
+        from .recipes.train import train
 
         return train(cfg)
 
@@ -156,7 +158,7 @@ def evaluate_main(cfg: DictConfig) -> float | None:
     """Test a checkpoint written by `train`."""
 
     def run_evaluation(cfg: DictConfig) -> Any:
-        from .evaluate import evaluate
+        from .recipes.evaluate import evaluate
 
         return evaluate(cfg)
 
@@ -168,7 +170,7 @@ def predict_main(cfg: DictConfig) -> float | None:
     """Run a checkpoint written by `train` on new inputs."""
 
     def run_prediction(cfg: DictConfig) -> Any:
-        from .predict import predict
+        from .recipes.predict import predict
 
         return predict(cfg)
 
@@ -180,7 +182,7 @@ def export_main(cfg: DictConfig) -> float | None:
     """Write a checkpoint as a plain (merged) checkpoint, a torch.export program or ONNX."""
 
     def run_export(cfg: DictConfig) -> Any:
-        from .export import export
+        from .recipes.export import export
 
         return export(cfg)
 
@@ -193,7 +195,7 @@ def prepare_main(cfg: DictConfig) -> float | None:
     """Tokenize a text corpus into memory-mapped token shards."""
 
     def run_preparation(cfg: DictConfig) -> Any:
-        from .prepare import prepare
+        from .recipes.prepare import prepare
 
         return prepare(cfg)
 

@@ -14,8 +14,9 @@ from typing import Any, NoReturn
 
 from hydra.core.config_store import ConfigStore
 
-from . import command_errors, run_record
-from .run_names import register_run_name_resolver
+from . import command_errors
+from .run import record as run_record
+from .run.names import register_run_name_resolver
 from .targets import check_hydra_callbacks, check_logging_configs
 
 
@@ -109,7 +110,7 @@ def remove_unused_run_dir() -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
-    from . import run_lock
+    from .run import lock as run_lock
 
     try:
         folder = Path(HydraConfig.get().runtime.output_dir)

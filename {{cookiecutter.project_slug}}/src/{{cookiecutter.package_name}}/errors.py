@@ -6,6 +6,8 @@ import importlib
 
 from .data.errors import ConfigError
 
+PACKAGE = __name__.rpartition(".")[0]  # the import name, for messages that name commands
+
 
 class TrainingError(Exception):
     """Training cannot go on (e.g. non-finite losses): the message says why and what to try."""
@@ -20,7 +22,7 @@ def raised_by_a_spawned_process(error: BaseException) -> Exception | None:
     lines = str(error).strip().splitlines()
     name, _, message = (lines[-1] if lines else "").partition(": ")
     module, _, class_name = name.rpartition(".")
-    if not module.startswith(f"{__package__}."):
+    if not module.startswith(f"{PACKAGE}."):
         return None
     try:
         found = getattr(importlib.import_module(module), class_name)

@@ -20,7 +20,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
-from .runtime import wandb_login_present
+from .run.machine import wandb_login_present
 from .targets import build
 {%- else %}
 from omegaconf import DictConfig

@@ -25,10 +25,10 @@ from omegaconf import DictConfig, OmegaConf
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
 )
-from {{ cookiecutter.package_name }}.run_lock import (
+from {{ cookiecutter.package_name }}.run.lock import (
     hold,
 )
-from {{ cookiecutter.package_name }}.sweeps import (
+from {{ cookiecutter.package_name }}.sweeps.summary import (
     record_job_status,
 )
 

@@ -9,8 +9,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 
-from .. import stop_signals
-from ..checkpoints import finish_checkpoint_writes
+from ..checkpointing.saving import finish_checkpoint_writes
+from ..run import stop_signals
 from .exact_resume import mid_window, no_resumable_save_here
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,10 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from .checkpointing.door import (
+from ..errors import ConfigError
+from ..memory.plan import shards_itself
+from ..run.machine import is_global_zero
+from .door import (
     UNREADABLE,
     first_line,
     load_plain,
@@ -22,10 +25,7 @@ from .checkpointing.door import (
     non_finite_tensors,
     read_fit_state,
 )
-from .errors import ConfigError
-from .memory_plan import shards_itself
-from .runtime import is_global_zero
-from .sharded_checkpoints import fsync_directory, keeps_previous, remove
+from .sharded import fsync_directory, keeps_previous, remove
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from ..console import remove_unused_run_dir
-from ..errors import ConfigError
-from ..run_settings import check_run_settings, check_whole
-from ..targets import allow
+from ...console import remove_unused_run_dir
+from ...errors import ConfigError
+from ...run.settings import check_run_settings, check_whole
+from ...targets import allow
 
 
 @hydra.main(

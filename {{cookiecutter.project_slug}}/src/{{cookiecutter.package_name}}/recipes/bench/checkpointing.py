@@ -24,10 +24,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from ..errors import ConfigError
-from ..runtime import resolve_accelerator, resolve_precision, use_hydra_logging_only
-from ..strategies import ShardedCheckpointStrategy
-from ..targets import build
+from ...errors import ConfigError
+from ...run.machine import resolve_accelerator, resolve_precision, use_hydra_logging_only
+from ...run.strategies import ShardedCheckpointStrategy
+from ...targets import build
 from .training import command_line, publish
 
 BENCH_ORDER = ("consolidated", "sync", "async")

@@ -23,13 +23,13 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader, TensorDataset
 
-from . import run_lock
-from .errors import ConfigError
-from .files import write_text_atomically
-from .recipe_steps import build_trainer, exit_143_on_stop_signals, resolve_machine
-from .run_settings import check_run_settings, check_whole
-from .targets import allow
-from .trained import Trained, rebuild
+from ..checkpointing.trained import Trained, rebuild
+from ..errors import ConfigError
+from ..files import write_text_atomically
+from ..run import lock as run_lock
+from ..run.checks import check_config
+from ..run.settings import check_whole
+from ..run.steps import Machine, build_trainer, exit_143_on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,9 @@ PROMPT_FILE_LIMIT = 64 << 20
 
 
 def predict(cfg: DictConfig) -> dict[str, float]:
-    allow(cfg)
+    machine = check_config(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
-        return predict_checkpoint(cfg)
+        return predict_checkpoint(cfg, machine)
 
 
 def as_list(value: Any) -> list[str]:
@@ -50,9 +50,7 @@ def as_list(value: Any) -> list[str]:
     return [str(value)]
 
 
-def predict_checkpoint(cfg: DictConfig) -> dict[str, float]:
-    machine = resolve_machine(cfg)
-    check_run_settings(cfg)
+def predict_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
     devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
     one_device = devices == 1 or (isinstance(devices, (list, ListConfig)) and len(devices) == 1)
     if not one_device or nodes != 1:
@@ -94,7 +92,7 @@ def predict_checkpoint(cfg: DictConfig) -> dict[str, float]:
 
 def image_inputs(cfg: DictConfig, trained: Trained) -> list[str]:
     """The names of the inputs; their images become the data module's `predict` split."""
-    from .data.image_files import image_paths
+    from ..data.image_files import image_paths
 
     datamodule: Any = trained.datamodule
     inputs = as_list(cfg.get("inputs"))
@@ -265,7 +263,7 @@ def continue_prompts(
     log.info("Continued %d prompt%s: %s", len(prompts), "s"[: len(prompts) > 1], path)
 
 
-if __name__ == "__main__":  # `python -m <package>.predict` runs `<package>-predict`
-    from . import cli
+if __name__ == "__main__":  # `python -m <package>.recipes.predict` runs `<package>-predict`
+    from .. import cli
 
     cli.predict()

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .memory_plan import is_sharded
+from .plan import is_sharded
 
 GIB = 2**30
 

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from .errors import ConfigError
-from .models.fp8 import RECIPES, fp8_layers, import_torchao
+from ..errors import PACKAGE, ConfigError
+from ..models.fp8 import RECIPES, fp8_layers, import_torchao
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def check_fp8(cfg: Any, accelerator: str, net: torch.nn.Module) -> None:
         import_torchao()
     except ImportError as error:
         raise ConfigError(
-            f"model.fp8 needs torchao ({error}): pip install '{__package__}[fp8]'"
+            f"model.fp8 needs torchao ({error}): pip install '{PACKAGE}[fp8]'"
         ) from error
     converted, kept = fp8_layers(net)
     if not converted:

@@ -31,20 +31,20 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ..callbacks.throughput import peak_tflops
-from ..errors import ConfigError
-from ..files import write_text_atomically
-from ..models.fp8 import convert_to_fp8
-from ..models.lora import add_adapters
-from ..models.optim import configure_optimizers
-from ..runtime import (
+from ...callbacks.throughput import peak_tflops
+from ...errors import ConfigError
+from ...files import write_text_atomically
+from ...models.fp8 import convert_to_fp8
+from ...models.lora import add_adapters
+from ...models.optim import configure_optimizers
+from ...run.machine import (
     check_fp8,
     configure_matmul_precision,
     resolve_accelerator,
     resolve_precision,
     use_hydra_logging_only,
 )
-from ..targets import build
+from ...targets import build
 
 log = logging.getLogger(__name__)
 

@@ -17,19 +17,19 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from ..callbacks.preemption import Preempted
+from ..checkpointing.saving import AtomicCheckpointIO
+from ..data.base import most_processes, usable_cores
+from ..errors import ConfigError
+from ..files import write_text_atomically
+from ..targets import build
 from . import stop_signals
-from .callbacks.preemption import Preempted
-from .checkpoints import AtomicCheckpointIO
-from .data.base import most_processes, usable_cores
-from .errors import ConfigError
-from .files import write_text_atomically
-from .runtime import (
+from .machine import (
     configure_matmul_precision,
     resolve_accelerator,
     resolve_precision,
     use_hydra_logging_only,
 )
-from .targets import build
 
 log = logging.getLogger(__name__)
 

@@ -8,31 +8,28 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from . import run_lock
-from .loggers import instantiate_callbacks, instantiate_loggers
-from .recipe_steps import (
+from ..checkpointing.trained import rebuild
+from ..loggers import instantiate_callbacks, instantiate_loggers
+from ..run import lock as run_lock
+from ..run.checks import check_config
+from ..run.steps import (
+    Machine,
     build_trainer,
     exit_143_on_stop_signals,
-    resolve_machine,
     scalars,
     write_metrics,
 )
-from .run_settings import check_run_settings
-from .targets import allow
-from .trained import rebuild
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    allow(cfg)
+    machine = check_config(cfg)
     with run_lock.hold(Path(cfg.paths.output_dir)):
-        return test_checkpoint(cfg)
+        return test_checkpoint(cfg, machine)
 
 
-def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
-    machine = resolve_machine(cfg)
-    check_run_settings(cfg)
+def test_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
     sharded = Path(str(cfg.ckpt_path)).expanduser().is_dir()  # read whole into memory here
     trained = rebuild(cfg, load_weights=sharded)
     model, datamodule, ckpt_path = trained.model, trained.datamodule, trained.path
@@ -51,7 +48,7 @@ def test_checkpoint(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-if __name__ == "__main__":  # `python -m <package>.evaluate` runs `<package>-eval`
-    from . import cli
+if __name__ == "__main__":  # `python -m <package>.recipes.evaluate` runs `<package>-eval`
+    from .. import cli
 
     cli.evaluate()

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .errors import ConfigError
+from ..errors import PACKAGE, ConfigError
 
 SEED_RANGE = (0, 2**32 - 1)
 
@@ -250,7 +250,7 @@ def check_model_parallel(cfg: DictConfig) -> None:
     data, tensor = strategy.get("data_parallel_size"), strategy.get("tensor_parallel_size")
     for key, value in (("data_parallel_size", data), ("tensor_parallel_size", tensor)):
         check_whole(f"trainer.strategy.{key}", value, 1, allowed=("auto",))
-    ours = str(OmegaConf.select(cfg, "model._target_", default="")).startswith(f"{__package__}.")
+    ours = str(OmegaConf.select(cfg, "model._target_", default="")).startswith(f"{PACKAGE}.")
     if ours and tensor not in (1, "auto"):
         raise refuse(
             "trainer.strategy.tensor_parallel_size",

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .models.lora import add_adapters
-from .run_settings import is_model_parallel
-from .targets import build
+from ..models.lora import add_adapters
+from ..run.settings import is_model_parallel
+from ..targets import build
 
 GIB = 2**30
 COMPUTE_BYTES = {"32-true": 4, "64-true": 8, "bf16-true": 2, "16-true": 2}

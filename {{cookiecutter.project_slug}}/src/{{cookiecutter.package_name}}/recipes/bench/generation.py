@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from ..errors import ConfigError
-from ..runtime import configure_matmul_precision, resolve_accelerator, resolve_precision
-from ..targets import build
+from ...errors import ConfigError
+from ...run.machine import configure_matmul_precision, resolve_accelerator, resolve_precision
+from ...targets import build
 from .training import (
     AUTOCAST_DTYPES,
     TRUE_DTYPES,

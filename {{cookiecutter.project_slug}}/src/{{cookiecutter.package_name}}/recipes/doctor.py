@@ -25,12 +25,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, ListConfig
 
-from .data.base import auto_workers, check_loader_settings, usable_cores
-from .errors import ConfigError
-from .memory_plan import fit_warning, plan_for_run
-from .run_settings import check_run_settings
-from .runtime import resolve_accelerator, resolve_precision
-from .targets import allow
+from ..data.base import auto_workers, check_loader_settings, usable_cores
+from ..errors import ConfigError
+from ..memory.plan import fit_warning, plan_for_run
+from ..run.machine import resolve_accelerator, resolve_precision
+from ..run.settings import check_run_settings
+from ..targets import allow
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 GIB = 1024**3
@@ -100,7 +100,7 @@ def nccl() -> tuple[bool, str]:
 
 def wandb_login() -> str:
     """Where the wandb key comes from, never the key itself."""
-    from .runtime import wandb_login_present
+    from ..run.machine import wandb_login_present
 
     if os.environ.get("WANDB_API_KEY"):
         state = "logged in (key from WANDB_API_KEY)"

@@ -16,10 +16,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .errors import ConfigError, TrainingError
-from .files import write_text_atomically
-from .run_settings import check_run_settings
-from .sweep_report import draw_summary, short_labels, significant
+from ..errors import ConfigError, TrainingError
+from ..files import write_text_atomically
+from ..run.settings import check_run_settings
+from .report import draw_summary, short_labels, significant
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpointing.door import first_line, is_sharded, read_checkpoint
-from .checkpoints import check_same_model
-from .errors import ConfigError
-from .files import absolute
-from .models.lora import is_adapter
-from .recipe_steps import build_model_and_data
-from .targets import plain, stored_config
+from ..errors import PACKAGE, ConfigError
+from ..files import absolute
+from ..models.lora import is_adapter
+from ..run.steps import build_model_and_data
+from ..targets import plain, stored_config
+from .door import first_line, is_sharded, read_checkpoint
+from .saving import check_same_model
 
 
 @dataclass
@@ -119,7 +119,7 @@ def load_init_weights(model: L.LightningModule, path: Path, trust: bool = False)
     if "base_weights" in checkpoint:
         raise ConfigError(
             f"init_from={path} holds LoRA adapters, not a whole model: merge them into their base "
-            f"weights first ({__package__}-export ckpt_path={path} format=checkpoint) and start "
+            f"weights first ({PACKAGE}-export ckpt_path={path} format=checkpoint) and start "
             "from the merged checkpoint."
         )
     check_same_model(checkpoint, model, path, optional=is_adapter, key="init_from")

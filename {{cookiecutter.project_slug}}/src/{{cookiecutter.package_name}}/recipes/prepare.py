@@ -31,8 +31,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from .data.text import GOLDEN_RATIO, corpus_files, unreadable
-from .data.token_shards import (
+from ..data.text import GOLDEN_RATIO, corpus_files, unreadable
+from ..data.token_shards import (
     FORMAT,
     MANIFEST,
     SPLITS,
@@ -42,11 +42,11 @@ from .data.token_shards import (
     token_dtype,
     unigram_bits,
 )
-from .data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
-from .errors import ConfigError
-from .files import absolute
-from .run_settings import check_whole, number, refuse, whole
-from .targets import allow
+from ..data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
+from ..errors import ConfigError
+from ..files import absolute
+from ..run.settings import check_whole, number, refuse, whole
+from ..targets import allow
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +463,7 @@ def write_shards(
     return manifest
 
 
-if __name__ == "__main__":  # `python -m <package>.prepare` runs `<package>-prepare`
-    from . import cli
+if __name__ == "__main__":  # `python -m <package>.recipes.prepare` runs `<package>-prepare`
+    from .. import cli
 
     cli.prepare()

@@ -24,15 +24,15 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from . import run_lock
-from .checkpointing.door import load_own_export
-from .checkpoints import atomic_torch_save
-from .errors import ConfigError
-from .files import absolute, remove_stale_temporaries
-from .models.lora import merge
-from .run_settings import check_switches
-from .targets import allow
-from .trained import Trained, rebuild
+from ..checkpointing.door import load_own_export
+from ..checkpointing.saving import atomic_torch_save
+from ..checkpointing.trained import Trained, rebuild
+from ..errors import PACKAGE, ConfigError
+from ..files import absolute, remove_stale_temporaries
+from ..models.lora import merge
+from ..run import lock as run_lock
+from ..run.settings import check_switches
+from ..targets import allow
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def export_onnx(
     except ImportError as error:
         raise ConfigError(
             f"format=onnx needs onnx, onnxscript and onnxruntime ({error.name} is missing): "
-            f"pip install '{__package__}[export]'"
+            f"pip install '{PACKAGE}[export]'"
         ) from error
     for name in ("onnxscript", "onnx_ir", "torch.onnx"):  # a line per optimization pass
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -261,7 +261,7 @@ def write_plain_checkpoint(trained: Trained, path: Path) -> None:
     atomic_torch_save(checkpoint, path)
 
 
-if __name__ == "__main__":  # `python -m <package>.export` runs `<package>-export`
-    from . import cli
+if __name__ == "__main__":  # `python -m <package>.recipes.export` runs `<package>-export`
+    from .. import cli
 
     cli.export()

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from .data.daemon_children import kill_daemon_children
+from ..data.daemon_children import kill_daemon_children
 
 STOPPED_BY_SIGNAL_EXIT_CODE = 143
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")

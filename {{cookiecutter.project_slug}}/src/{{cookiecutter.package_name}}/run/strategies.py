@@ -22,7 +22,7 @@ from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .checkpointing.door import (
+from ..checkpointing.door import (
     META,
     is_sharded,
     load_plain,
@@ -30,10 +30,10 @@ from .checkpointing.door import (
     load_trusted,
     non_finite_tensors,
 )
-from .checkpoints import NonFiniteWeightsError
-from .errors import ConfigError
-from .sharded_checkpoints import publish, remove, staging_folder
-from .targets import allowed
+from ..checkpointing.saving import NonFiniteWeightsError
+from ..checkpointing.sharded import publish, remove, staging_folder
+from ..errors import ConfigError
+from ..targets import allowed
 
 CHECKPOINT_MODES = ("async", "sync", "consolidated")
 

@@ -1,0 +1,1 @@
+"""Multiruns: the guard, the summary of a sweep and its report."""
