@@ -59,7 +59,7 @@ RECIPE_MODULES["prepare"] = "prepare"
 
 @pytest.mark.parametrize("module", list(RECIPE_MODULES))
 def test_python_dash_m_on_a_recipe_module_runs_its_command(module: str, tmp_path: Path) -> None:
-    result = run_cli("-m", f"{PACKAGE}.{module}", "--cfg", "job", cwd=tmp_path)
+    result = run_cli("-m", f"{PACKAGE}.recipes.{module}", "--cfg", "job", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"task_name: {RECIPE_MODULES[module]}\n" in result.stdout
 
@@ -85,7 +85,7 @@ def test_a_launcher_environment_that_cannot_work_is_one_line_and_writes_nothing(
     """torchmetrics reads LOCAL_RANK on import and Lightning SLURM_NTASKS on start-up (each was a
     traceback); with LOCAL_RANK set, Lightning waited for ever for processes that nobody starts."""
     environment, command, args, fragment = LAUNCHER_ENVIRONMENT_CASES[case]
-    module, function = ("bench", "main") if command == "bench" else ("cli", command)
+    module, function = ("recipes.bench", "main") if command == "bench" else ("cli", command)
     entry = ["-c", f"from {PACKAGE}.{module} import {function}; {function}()"]
     result = run_cli(*entry, "trainer=cpu", *args, cwd=tmp_path, env=environment)
     assert fragment in one_error_line(result)

@@ -20,8 +20,8 @@ import torch.distributed.checkpoint as dcp
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from {{ cookiecutter.package_name }} import (
-    checkpoints as checkpoints_module,
+from {{ cookiecutter.package_name }}.checkpointing import (
+    saving as checkpoints_module,
 )
 from {{ cookiecutter.package_name }}.checkpointing.saving import (
     newest_valid_checkpoint,

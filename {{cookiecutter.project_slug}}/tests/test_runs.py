@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import runtime
+from {{ cookiecutter.package_name }}.run import machine as runtime
 from {{ cookiecutter.package_name }}.callbacks.throughput import (
     peak_tflops,
 )

@@ -21,7 +21,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from {{ cookiecutter.package_name }} import (
+from {{ cookiecutter.package_name }}.recipes import (
     prepare as prepare_module,
 )
 from {{ cookiecutter.package_name }}.cli import _run

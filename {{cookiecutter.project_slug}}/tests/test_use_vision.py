@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package_name }} import (
+from {{ cookiecutter.package_name }}.recipes import (
     export as export_module,
 )
 from {{ cookiecutter.package_name }}.cli import (
