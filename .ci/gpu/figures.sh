@@ -4,9 +4,10 @@
 #                              # SECONDS (default 540) from the start; one call of the device tool
 #                              # whose timeout_s is at least 60 more (start-up before the script)
 #   figures.sh gpt2|large|rest # one part
+#   figures.sh check [SECONDS] # the project's GPU tests, then GPT-2 small's bf16 bench
 # TRAINER (gpu) and EXTRA (overrides added to every command) let a CPU check the plumbing.
 set -uo pipefail
-part="${1:?usage: figures.sh all [SECONDS] | gpt2 | large | rest}"
+part="${1:?usage: figures.sh all [SECONDS] | check [SECONDS] | gpt2 | large | rest}"
 budget="${2:-540}"
 started=$SECONDS
 cd "$(dirname "$0")/../.."
@@ -105,6 +106,10 @@ case "$part" in
     doctor gpt_1b-fp8 "${large[@]}" model.fp8=tensorwise
     bench 0 gpt_1b-bf16 "${large[@]}"
     bench 0 gpt_1b-fp8 "${large[@]}" model.fp8=tensorwise
+    ;;
+  check)  # after a change to the plumbing: the GPU tests, then one bench against the table
+    gpu_tests
+    bench 60 gpt2_small-bf16-b64 "${small[@]}" data.batch_size=64
     ;;
   rest)
     doctor gpt2_medium-bf16 "${medium[@]}"

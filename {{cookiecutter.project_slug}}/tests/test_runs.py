@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.run import machine as runtime
 from {{ cookiecutter.package_name }}.callbacks.throughput import (
     peak_tflops,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.recipes.train import train
+from {{ cookiecutter.package_name }}.run import machine as runtime
 from {{ cookiecutter.package_name }}.run.machine import (
     cpu_has_fast_bf16,
     resolve_accelerator,

@@ -102,7 +102,63 @@ def test_fsdp_trains_on_gpu(tmp_path: Path) -> None:
         "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP needs CUDA")
+def test_fsdp_continues_and_evaluates_a_checkpoint_through_the_door_on_gpu(
+    tmp_path: Path,
+) -> None:
+    """FSDP's own reader of a whole-file checkpoint unpickles without restriction; under this
+    project it is the door's (`checkpointing.door`), on the GPU as on the CPU."""
+    first = tmp_path / "first"
+    common = ["strategy=fsdp", "trainer=gpu", "trainer.devices=1", "logger=csv"]
+    result = run_cli(
+        "-m", PACKAGE, *common, "trainer.max_epochs=1", f"hydra.run.dir={first}", cwd=tmp_path
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = first / "checkpoints" / "last.ckpt"
+    result = run_cli(
+        "-m", PACKAGE, *common, "trainer.max_epochs=2", f"ckpt_path={last}",
+        f"hydra.run.dir={tmp_path / 'second'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = read_last(last)["global_step"]
+    assert read_last(tmp_path / "second" / "checkpoints" / "last.ckpt")["global_step"] > steps
+    evaluate = ["-c", f"from {PACKAGE}.cli import evaluate; evaluate()", f"ckpt_path={last}"]
+    result = run_cli(*evaluate, "trainer=gpu", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
 {%- if cookiecutter.examples != "vision" %}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_folder_of_shards_continues_and_evaluates_through_the_door_on_gpu(
+    tmp_path: Path,
+) -> None:
+    """FSDP2 on one GPU (NCCL): a folder of shards read back by the door's storage reader."""
+    first = tmp_path / "first"
+    common = [
+        "experiment=language", "strategy=model_parallel", "trainer.strategy.data_parallel_size=1",
+        "trainer=gpu", "trainer.devices=1", "logger=csv", "model.net.n_layer=2",
+        "trainer.val_check_interval=5", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=2",
+    ]  # fmt: skip
+    result = run_cli(
+        "-m", PACKAGE, *common, "trainer.max_steps=10", f"hydra.run.dir={first}", cwd=tmp_path
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = first / "checkpoints" / "last.ckpt"
+    assert (last / ".metadata").is_file()
+    result = run_cli(
+        "-m", PACKAGE, *common, "trainer.max_steps=20", f"ckpt_path={last}",
+        f"hydra.run.dir={tmp_path / 'second'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_last(tmp_path / "second" / "checkpoints" / "last.ckpt")["global_step"] == 20
+    evaluate = ["-c", f"from {PACKAGE}.cli import evaluate; evaluate()", f"ckpt_path={last}"]
+    result = run_cli(*evaluate, "trainer=gpu", f"hydra.run.dir={tmp_path / 'eval'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -21,9 +21,6 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from {{ cookiecutter.package_name }}.recipes import (
-    prepare as prepare_module,
-)
 from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.data.base import (
     ResumableSampler,
@@ -40,6 +37,9 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     load_tokenizer,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.recipes import (
+    prepare as prepare_module,
+)
 from {{ cookiecutter.package_name }}.recipes.prepare import (
     prepare,
     split_pieces,

@@ -18,9 +18,6 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.recipes import (
-    export as export_module,
-)
 from {{ cookiecutter.package_name }}.cli import (
     _run,
 )
@@ -34,6 +31,9 @@ from {{ cookiecutter.package_name }}.data.image_files import (
 )
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
+)
+from {{ cookiecutter.package_name }}.recipes import (
+    export as export_module,
 )
 
 from .helpers import PACKAGE, compose_config, run_cli
