@@ -17,6 +17,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -182,14 +183,30 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
     """The fields to print, in order, and the warnings."""
     fields: dict[str, str] = {}
     problems: list[str] = []
+    check_software(fields, problems)
+    gpus = check_gpus(fields, problems)
+    try:
+        cfg = train_config(overrides)
+    except Exception as error:
+        problems.append(f"the config does not compose: {reason(error)}")
+        for name in ("disk_free", "accelerator", "precision", "strategy", "memory", "data_loader"):
+            fields[name] = "unavailable (the config does not compose)"
+        return fields, problems
+    check_settings(cfg, problems)
+    check_disk(cfg, fields, problems)
+    check_run(cfg, gpus, fields, problems)
+    for name in ("accelerator", "precision", "strategy", "memory", "data_loader"):
+        fields.setdefault(name, "unavailable (see the warnings)")
+    return fields, problems
 
+
+def check_software(fields: dict[str, str], problems: list[str]) -> None:
     fields["python"] = f"{platform.python_version()} ({sys.executable})"
     fields["torch"] = torch.__version__
     fields["cuda_runtime"] = torch.version.cuda or (
         f"ROCm {torch.version.hip}" if torch.version.hip else "none (CPU-only build of torch)"
     )
-    driver = driver_version()
-    fields["driver"] = driver or "none"
+    fields["driver"] = driver_version() or "none"
     fields["lightning"] = version("lightning")
     fields["hydra"] = version("hydra-core")
 {%- if cookiecutter.logger == "csv" %}
@@ -201,6 +218,16 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         problems.append(f"logger={logger} is the default but {logger} is not installed.")
 {%- endif %}
 
+
+@dataclass
+class GPUs:
+    devices: list[Any]
+    native_bf16: bool
+    capability: str  # the oldest one's, as words
+
+
+def check_gpus(fields: dict[str, str], problems: list[str]) -> GPUs:
+    driver = fields["driver"] if fields["driver"] != "none" else None
     gpus, no_gpu_reason = cuda_devices()
     fields["gpus"] = str(len(gpus)) if gpus else f"none ({no_gpu_reason})"
     for i, gpu in enumerate(gpus):
@@ -237,14 +264,10 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
         )
     if len(gpus) > 1 and not has_nccl:
         problems.append(f"{len(gpus)} GPUs but no NCCL in this torch: multi-GPU runs will fail.")
+    return GPUs(gpus, native_bf16, capability)
 
-    try:
-        cfg = train_config(overrides)
-    except Exception as error:
-        problems.append(f"the config does not compose: {reason(error)}")
-        for name in ("disk_free", "accelerator", "precision", "strategy", "memory", "data_loader"):
-            fields[name] = "unavailable (the config does not compose)"
-        return fields, problems
+
+def check_settings(cfg: DictConfig, problems: list[str]) -> None:
     try:
         check_run_settings(cfg)
         data = cfg.get("data")
@@ -253,6 +276,8 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
     except ConfigError as error:
         problems.append(f"a run would refuse this config: {error}")
 
+
+def check_disk(cfg: DictConfig, fields: dict[str, str], problems: list[str]) -> None:
     try:
         log_dir = Path(str(cfg.paths.log_dir)).resolve()
         free = free_gib(log_dir)
@@ -262,13 +287,16 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
     except Exception as error:
         fields["disk_free"] = unavailable(error)
 
+
+def check_run(cfg: DictConfig, gpus: GPUs, fields: dict[str, str], problems: list[str]) -> None:
+    """What a run of this config would pick here, and whether it fits."""
     trainer = cfg.trainer
     try:
         accelerator = resolve_accelerator(str(trainer.accelerator))
         fields["accelerator"] = f"{accelerator} (trainer.accelerator={trainer.accelerator})"
         precision = resolve_precision(str(trainer.precision), accelerator)
         fields["precision"] = f"{precision} (trainer.precision={trainer.precision})"
-        devices = device_count(trainer.devices, accelerator, len(gpus))
+        devices = device_count(trainer.devices, accelerator, len(gpus.devices))
         nodes = f" x {trainer.num_nodes} nodes" if trainer.num_nodes > 1 else ""
         fields["strategy"] = (
             f"{strategy_name(trainer.strategy, devices * trainer.num_nodes)}, "
@@ -279,13 +307,15 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
     except Exception as error:
         problems.append(f"cannot tell what a run would pick: {reason(error)}")
     else:
-        if accelerator == "cuda" and precision.startswith("bf16") and not native_bf16:
+        if accelerator == "cuda" and precision.startswith("bf16") and not gpus.native_bf16:
             problems.append(
-                f"precision {precision} on a GPU without native bf16 ({capability}): it is "
+                f"precision {precision} on a GPU without native bf16 ({gpus.capability}): it is "
                 "emulated and slow; use trainer.precision=16-mixed."
             )
-        if accelerator == "cuda" and devices > len(gpus):
-            problems.append(f"trainer.devices asks for {devices} GPUs but {len(gpus)} are visible.")
+        if accelerator == "cuda" and devices > len(gpus.devices):
+            problems.append(
+                f"trainer.devices asks for {devices} GPUs but {len(gpus.devices)} are visible."
+            )
         try:
             plan = plan_for_run(cfg, precision, devices)
             fields["memory"] = plan.summary()
@@ -302,9 +332,6 @@ def diagnose(overrides: Sequence[str] = ()) -> tuple[dict[str, str], list[str]]:
                 "Lightning needs one task per device (sbatch --ntasks-per-node="
                 f"{devices}, or trainer.devices={tasks})."
             )
-    for name in ("accelerator", "precision", "strategy", "memory", "data_loader"):
-        fields.setdefault(name, "unavailable (see the warnings)")
-    return fields, problems
 
 
 def render(fields: dict[str, str], problems: list[str]) -> str:
