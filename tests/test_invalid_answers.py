@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import TEMPLATE, run
+from .helpers import DEFAULTS, TEMPLATE, clean_env, run
 
 INVALID = {
     "stdlib-shadow": ("package_name", "os"),
@@ -28,6 +28,55 @@ INVALID = {
     "space-in-email": ("author_email", "a b@example.com"),
     "shadows-a-dependency-of-a-dependency": ("package_name", "tqdm"),
     "too-long-for-its-own-lint": ("package_name", "p" * 65),
+    # Jinja syntax in an answer: cookiecutter would render the answer as a template (`{{ 7*7 }}`
+    # became 49, `{#` a traceback); local_extensions.py refuses it before that.
+    "jinja-comment-in-author": ("author_name", "Bob {# Smith"),
+    "jinja-expression-in-name": ("project_name", "A {{ 7*7 }}"),
+    "jinja-statement-in-name": ("project_name", "{% raw %}x{% endraw %}"),
+    "jinja-expression-in-slug": ("project_slug", "x{{ 7*7 }}"),
+    "jinja-expression-in-package": ("package_name", "{{ 'os' }}"),
+    "jinja-expression-in-description": ("description", "Computes {{ 7*7 }} things"),
+    "jinja-statement-in-description": ("description", "{% if true %}x{% endif %}"),
+    "jinja-comment-in-description": ("description", "a {# b #} c"),
+    "jinja-expression-in-author": ("author_name", "{{ cookiecutter.project_name }}"),
+    "jinja-comment-in-email": ("author_email", "a{#@example.com"),
+    # re.IGNORECASE's [a-z] matches these two, and pip then fails on the name.
+    "kelvin-sign-in-slug": ("project_slug", "\u212aelvin"),
+    "long-s-in-slug": ("project_slug", "mi\u017f\u017f"),
+    "kelvin-sign-in-package": ("package_name", "\u212aelvin"),
+    "long-s-in-package": ("package_name", "mi\u017f\u017f"),
+    "kelvin-sign-in-email": ("author_email", "\u212a@example.com"),
+    "non-ascii-digit-in-slug": ("project_slug", "a\u0663"),
+    # `$` lets one trailing newline through a match; the patterns are matched whole.
+    "trailing-newline-in-email": ("author_email", "a@example.com\n"),
+    "trailing-newline-in-slug": ("project_slug", "abc\n"),
+    "slug-too-long-for-its-file-names": ("project_slug", "s" * 101),
+    # The project's folder is made before the hook runs: these are refused before it is made.
+    "slug-with-a-slash": ("project_slug", "a/b"),
+    "slug-out-of-the-output-dir": ("project_slug", "../escaped-the-output-dir"),
+    "slug-too-long-for-a-folder": ("project_slug", "s" * 300),
+    # Names Python or the project holds: `__main__` is the running program (the console scripts
+    # crash), the wheel leaves `__pycache__` out, Python reserves every `__x__` name, `site`
+    # imports `sitecustomize` at every start; the project has its own `hydra_plugins`, `tests`.
+    "dunder-main": ("package_name", "__main__"),
+    "dunder-init": ("package_name", "__init__"),
+    "dunder-pycache": ("package_name", "__pycache__"),
+    "imported-by-site-at-every-start": ("package_name", "sitecustomize"),
+    "the-projects-own-plugins-namespace": ("package_name", "hydra_plugins"),
+    "the-projects-own-tests-package": ("package_name", "tests"),
+}
+
+# A choice answer outside its list. Cookiecutter 2.7.1 checks it in generate_context, before it
+# loads any code of the template (local_extensions.py is imported later, with the Jinja
+# environment; a pre_prompt hook gets no answers and its failure prints to stdout): it exits 1
+# with a traceback whose last line names the field, the value and the choices, writing nothing.
+CHOICE_OUTSIDE_ITS_LIST = {
+    "python-2": ("python_version", "2.7"),
+    "mlflow": ("logger", "mlflow"),
+    "no-examples": ("examples", "none"),
+    "gpl": ("license", "GPL"),
+    "maybe-github-actions": ("github_actions", "maybe"),
+    "maybe-dockerfile": ("dockerfile", "maybe"),
 }
 
 
@@ -37,15 +86,69 @@ def run_cookiecutter(output_dir: Path, **answers: str) -> subprocess.CompletedPr
     return run([*command, str(TEMPLATE), *overrides], cwd=output_dir, timeout=120)
 
 
-@pytest.mark.parametrize("case", list(INVALID))
-def test_invalid_answer_is_rejected(tmp_path: Path, case: str) -> None:
-    field, value = INVALID[case]
+def assert_refused_in_one_line(tmp_path: Path, field: str, value: str) -> None:
     result = run_cookiecutter(tmp_path, **{field: value})
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()  # the hook's line only: no traceback after it
     assert line.startswith(f"ERROR: {field}=") and line.endswith(f"a valid {field}.")
     assert list(tmp_path.iterdir()) == [], "a rejected bake must leave nothing on disk"
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_answer_is_rejected(tmp_path: Path, case: str) -> None:
+    assert_refused_in_one_line(tmp_path, *INVALID[case])
+
+
+def test_an_answer_does_not_escape_the_output_dir(tmp_path: Path) -> None:
+    output = tmp_path / "output"
+    output.mkdir()
+    result = run_cookiecutter(output, project_slug="../escaped")
+    assert result.returncode == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["output"]
+    assert list(output.iterdir()) == []
+
+
+def test_a_typed_answer_with_jinja_syntax_is_refused_by_the_hook(tmp_path: Path) -> None:
+    """Typed at the prompt, an answer is not rendered by cookiecutter; the hook refuses it all the
+    same, so that no project stores an answer a later `cruft update` would render."""
+    command = [sys.executable, "-m", "cookiecutter", "-o", str(tmp_path), str(TEMPLATE)]
+    result = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=clean_env(),
+        input="A {{ 7*7 }}\n" + "\n" * 30,  # the defaults for the other questions
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("ERROR: project_name='A {{ 7*7 }}' contains Jinja syntax")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", list(CHOICE_OUTSIDE_ITS_LIST))
+def test_choice_outside_its_list_is_refused_by_cookiecutter(tmp_path: Path, case: str) -> None:
+    field, value = CHOICE_OUTSIDE_ITS_LIST[case]
+    result = run_cookiecutter(tmp_path, **{field: value})
+    assert result.returncode == 1
+    assert result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    choices = DEFAULTS[field]
+    assert last.startswith(f"ValueError: {value} provided for choice variable {field}, but the")
+    assert all(repr(choice) in last for choice in choices)
+    assert list(tmp_path.iterdir()) == [], "a rejected bake must leave nothing on disk"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cookiecutter 2.7.1 refuses a choice answer before any code of the template runs, with "
+    "a traceback; the template cannot make it one line",
+)
+@pytest.mark.parametrize("case", list(CHOICE_OUTSIDE_ITS_LIST))
+def test_choice_outside_its_list_in_one_line(tmp_path: Path, case: str) -> None:
+    assert_refused_in_one_line(tmp_path, *CHOICE_OUTSIDE_ITS_LIST[case])
 
 
 def test_valid_defaults_from_the_command_line(tmp_path: Path) -> None:

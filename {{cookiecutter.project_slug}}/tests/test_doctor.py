@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.memory import plan as memory_plan
+from {{ cookiecutter.package_name }}.memory import (
+    plan as memory_plan,
+)
 from {{ cookiecutter.package_name }}.recipes import doctor
 
 from .helpers import PACKAGE, run_cli

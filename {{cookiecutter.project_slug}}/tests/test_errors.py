@@ -34,7 +34,9 @@ from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
     TrainingError,
 )
-from {{ cookiecutter.package_name }}.recipes.evaluate import evaluate
+from {{ cookiecutter.package_name }}.recipes.evaluate import (
+    evaluate,
+)
 from {{ cookiecutter.package_name }}.recipes.export import (
     export as run_export,
 )

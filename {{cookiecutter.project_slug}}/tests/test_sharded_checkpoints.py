@@ -32,7 +32,9 @@ from {{ cookiecutter.package_name }}.checkpointing.sharded import (
     remove,
     staging_folder,
 )
-from {{ cookiecutter.package_name }}.checkpointing.trained import file_digest
+from {{ cookiecutter.package_name }}.checkpointing.trained import (
+    file_digest,
+)
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 from .helpers import PACKAGE, run_cli

@@ -195,7 +195,8 @@ def two_roots(trained: DictConfig, marker: Path) -> dict[str, Any]:
     assert isinstance(model, dict)
     model["s"] = {"_target_": "builtins.open", "file": str(marker), "mode": "w"}
     model["net"] = "\\$" + "{model.s}"
-    return {"data": data, "model": {**model, "model": {"s": model["net"]}}}
+    model["model"] = {"s": model["net"]}
+    return {"data": data, "model": model}
 
 
 COMMANDS = {

@@ -13,7 +13,9 @@ from {{ cookiecutter.package_name }}.data.mnist import (
     read_idx,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.recipes.evaluate import evaluate
+from {{ cookiecutter.package_name }}.recipes.evaluate import (
+    evaluate,
+)
 from {{ cookiecutter.package_name }}.recipes.train import train
 
 from .helpers import ComposeFn, assert_checkpoints_load_safely, checkpoints, read_metrics
