@@ -2,8 +2,9 @@
 #   make demo   generate the default project, install it, train its default experiment
 #   make test   run the template's whole test suite
 PYTHON ?= python3
-# torch is installed first, as a CPU wheel where there is no NVIDIA driver.
-TORCH ?= torch==2.13.0
+# torch is installed first, as a CPU wheel where there is no NVIDIA driver: the version that the
+# generated project's `make install` pins (its Makefile's TORCH, torch==2.13.0), read from there.
+TORCH ?= $(shell sed -n 's/^TORCH ?= //p' "{{cookiecutter.project_slug}}/Makefile")
 VENV := .venv
 DEMO := build/demo
 

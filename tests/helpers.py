@@ -145,6 +145,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/callbacks/step_checkpoint.py",
         f"{src}/callbacks/run_checkpoint.py",
         f"{src}/callbacks/monitored_metric.py",
+        f"{src}/callbacks/model_summary.py",
         f"{src}/callbacks/non_finite.py",
         f"{src}/callbacks/run_config.py",
         f"{src}/callbacks/throughput.py",

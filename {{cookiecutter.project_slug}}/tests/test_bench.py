@@ -252,3 +252,22 @@ def test_step_time_deciles_lie_within_the_times_measured() -> None:
         clock.ends.append(now + 0.001)
     figures = clock.summary()
     assert min(durations) <= figures["step_time_p10_s"] <= figures["step_time_p90_s"] <= 0.5
+
+
+@pytest.mark.parametrize("peak", [989.4, None], ids=["GPU in the table", "CPU"])
+def test_both_mfu_rows_are_percentages_of_a_ceiling_in_tflops(peak: float | None) -> None:
+    """MFU is the loops' TFLOP/s as a share of the table's peak and of the matmul ceiling
+    measured on this device, printed as percentages: each row says so, and which ceiling."""
+    mfu = 0.425 if peak else None  # no peak known, no MFU
+    loop = {"tflops": 4.0, "mfu": mfu, "mfu_vs_matmul": 0.53, "step_time_median_s": 0.01}
+    results = {
+        "command": "bench", "device": "GPU", "precision": "bf16-mixed", "compile": False,
+        "fp8": None, "batch_size": 64, "steps": 6, "warmup_steps": 2, "peak_tflops": peak,
+        "matmul_tflops": 1234.56, "lightning": loop, "plain": loop,
+    }  # fmt: skip
+    lines = training.report(results).splitlines()
+    rows = {line[:38].strip(): line[38:].split() for line in lines[2:]}
+    assert rows["MFU vs matmul (% of 1234.6 TFLOP/s)"] == ["53.0", "53.0"]
+    table = "MFU vs table (% of 989.4 TFLOP/s)" if peak else "MFU vs table peak (%)"
+    assert rows[table] == (["42.5", "42.5"] if peak else ["-", "-"])
+    assert len({len(line) for line in lines[2:]}) == 1, "every label fits its column"

@@ -179,3 +179,17 @@ def test_a_local_config_sets_keys_at_the_top_level(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     config = OmegaConf.create(result.stdout)
     assert config.trainer.max_epochs == 1 and "local" not in config
+
+
+def test_the_config_is_printed_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from {{ cookiecutter.package_name }}.cli import _run
+
+    from .helpers import compose_config
+
+    for asked, printed in ([], False), (["extras.print_config=true"], True):
+        cfg = compose_config("train", ["trainer=cpu", "logger=csv", *asked], tmp_path)
+        assert cfg.extras.print_config is printed
+        _run(lambda cfg: {}, cfg)
+        assert ("task_name: train" in capsys.readouterr().out) is printed

@@ -7,9 +7,11 @@ import logging
 import math
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.callbacks import ModelSummary
 from {{ cookiecutter.package_name }}.callbacks.throughput import (
     peak_tflops,
 )
@@ -165,6 +167,56 @@ def test_fast_dev_run_from_the_command_line(tmp_path: Path) -> None:
     result = run_cli("-m", PACKAGE, "debug=fdr", "trainer=cpu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert list((tmp_path / "logs" / "debug" / "runs").glob("*/metrics.json"))
+
+
+def test_a_run_prints_neither_its_config_nor_a_flops_column_of_zeros(tmp_path: Path) -> None:
+    """The composed config is printed only when asked (`extras.print_config=true`; it is always
+    in the run's .hydra/), and the model summary leaves out the FLOPs that Lightning counts only
+    for a model with an example_input_array: without one, every layer's would read 0."""
+    result = run_cli(
+        "-m", PACKAGE, "trainer=cpu", "logger=csv", "trainer.fast_dev_run=true",
+        "callbacks.progress_bar=null", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "task_name: train" not in output, "the config is not printed by default"
+    summary = output[output.index("| Name") : output.index("Modules in eval mode")]
+    assert "Total params" in summary and "Params" in summary
+    assert "FLOPs" not in summary and "Total Flops" not in output
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    assert (run / ".hydra" / "config.yaml").is_file()
+
+
+class Linear(L.LightningModule):
+    """One layer of 4 -> 2, with an example input of 3 rows or none."""
+
+    def __init__(self, example: bool) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+        self.example_input_array = torch.zeros(3, 4) if example else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+@pytest.mark.parametrize("example", [True, False], ids=["example input", "none"])
+def test_the_model_summary_keeps_only_flops_it_counted(
+    example: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
+
+    summary = Summary(Linear(example), max_depth=2)
+    with caplog.at_level(logging.INFO):
+        ModelSummary.summarize(
+            summary._get_summary_data(), summary.total_parameters, summary.trainable_parameters,
+            summary.model_size, summary.total_training_modes, total_flops=summary.total_flops,
+        )  # fmt: skip
+    (table,) = [r.getMessage() for r in caplog.records if "Total params" in r.getMessage()]
+    header, divider = table.strip("\n").splitlines()[:2]
+    assert ("FLOPs" in header) == example and ("Total Flops" in table) == example, table
+    assert len(divider) == len(header) + 6, "Lightning's divider, over the columns shown"
+    if example:  # 3 rows x 4 inputs x 2 outputs, a multiply and an add each
+        assert "48        Total Flops" in table
 
 
 def test_unknown_config_option_fails_with_the_choices(tmp_path: Path) -> None:

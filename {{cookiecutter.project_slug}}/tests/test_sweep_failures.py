@@ -5,14 +5,22 @@ Each runs the real command line in a subprocess."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.run.lock import (
     hold,
+)
+from {{ cookiecutter.package_name }}.sweeps.summary import (
+    collect_jobs,
+    record_job_status,
+    write_summary,
 )
 
 from .helpers import PACKAGE, run_cli
@@ -143,6 +151,48 @@ def test_a_failed_job_leaves_the_summary_and_one_error_line(tmp_path: Path) -> N
     assert "1 of 2 jobs failed" in line and "#0 (data.batch_size=0)" in line, line
     assert [row["status"] for row in summary_rows(sweep_dir)] == ["FAILED", "COMPLETED"]
     assert_picture(sweep_dir / "summary.png")
+    assert_fits_a_terminal(sweep_dir / "summary.md")
+
+
+def assert_fits_a_terminal(summary: Path) -> None:
+    lines = summary.read_text().splitlines()
+    assert max(len(line) for line in lines) <= TERMINAL, "\n".join(lines)
+
+
+# What a sweep's summary.md fits: a terminal's width.
+TERMINAL = 100
+METRICS = {
+    "val/acc": 0.912345, "val/loss": 0.2871234, "test/acc": 0.9051, "test/loss": 0.30123456,
+    "train/loss": 0.1876543, "perf/samples_per_sec": 12345.678, "perf/tflops": 0.0123456,
+}  # fmt: skip
+
+
+def test_a_sweeps_summary_md_holds_each_jobs_parameters_and_objective_in_a_terminals_width(
+    tmp_path: Path,
+) -> None:
+    """summary.md is the table to read in a terminal: job, parameters, status and the optimized
+    metric; every metric and each run directory stay in summary.csv."""
+    sweep_dir = tmp_path / "logs" / "train" / "multiruns" / "lr=0.001,0.003,seed=1,2"
+    jobs = [["model.optimizer.lr=0.001", "seed=1"], ["model.optimizer.lr=0.0030001", "seed=2"]]
+    for number, overrides in enumerate(jobs):
+        job = sweep_dir / str(number)
+        (job / ".hydra").mkdir(parents=True)
+        written = OmegaConf.create([*overrides, "trainer=cpu"])  # trainer=cpu, in both: left out
+        OmegaConf.save(written, job / ".hydra" / "overrides.yaml")
+        (job / "metrics.json").write_text(json.dumps(METRICS))
+        record_job_status(job, "COMPLETED")
+    write_summary(sweep_dir, collect_jobs(sweep_dir), "val/acc")
+    assert_fits_a_terminal(sweep_dir / "summary.md")
+    header, divider, *rows = (sweep_dir / "summary.md").read_text().splitlines()[:4]
+    assert header.split() == ["|", "job", "|", "overrides", "|", "status", "|", "val/acc", "|"]
+    assert set(divider) == {"|", " ", "-"} and len(divider) == len(header)
+    assert [row.split() for row in rows] == [
+        ["|", "0", "|", "lr=0.001", "seed=1", "|", "COMPLETED", "|", "0.912", "|"],
+        ["|", "1", "|", "lr=0.003", "seed=2", "|", "COMPLETED", "|", "0.912", "|"],
+    ]
+    csv_rows = summary_rows(sweep_dir)
+    assert [row["run_dir"] for row in csv_rows] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
+    assert all(float(row[name]) == value for row in csv_rows for name, value in METRICS.items())
 
 
 def test_a_failed_trial_fails_the_search_after_its_summary(tmp_path: Path) -> None:
@@ -208,3 +258,74 @@ def test_a_search_started_beside_itself_is_refused_before_it_touches_the_study(
         assert again.returncode == 1
     assert study.trials[running.number].state == optuna.trial.TrialState.RUNNING
     assert not list((tmp_path / "sweep").glob("*/.hydra"))
+
+
+def study_of(completed: int, pruned: int = 1) -> Any:
+    """A study of `completed` trials with a value and `pruned` ones stopped after reporting,
+    numbered in turn from 0 (a pruned one third)."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    space = {
+        "lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True),
+        "dropout": optuna.distributions.FloatDistribution(0.0, 0.5),
+    }
+    states = ["COMPLETE"] * completed
+    for _ in range(pruned):
+        states.insert(min(2, len(states)), "PRUNED")
+    for number, state in enumerate(states):
+        params = {"lr": 1e-4 * (1 + number), "dropout": 0.05 * number}
+        if state == "COMPLETE":
+            trial = optuna.trial.create_trial(
+                params=params, distributions=space, value=0.5 + 0.1 * (number % 3)
+            )
+        else:
+            trial = optuna.trial.create_trial(
+                params=params, distributions=space, state=optuna.trial.TrialState.PRUNED,
+                intermediate_values={10: 0.3, 20: 0.2},
+            )  # fmt: skip
+        study.add_trial(trial)
+    return study
+
+
+@pytest.mark.parametrize(("completed", "drawn"), [(3, False), (5, True)])
+def test_parameter_importances_are_drawn_from_five_completed_trials_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, completed: int, drawn: bool
+) -> None:
+    """From fewer, a ranking of the parameters is noise: one log line says why it is missing."""
+    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import draw_study
+
+    with caplog.at_level(logging.INFO):
+        draw_study(study_of(completed), tmp_path, "val/acc")
+    assert_picture(tmp_path / "optimization_history.png")
+    assert (tmp_path / "param_importances.png").is_file() == drawn
+    reasons = [r.getMessage() for r in caplog.records if "param_importances" in r.getMessage()]
+    if drawn:
+        assert_picture(tmp_path / "param_importances.png")
+        assert reasons == []
+    else:
+        assert reasons == [
+            "param_importances.png not drawn: 3 trials completed, and ranking the parameters "
+            "takes 5."
+        ]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "all drawn"
+
+
+def test_the_history_numbers_trials_in_whole_numbers_and_shows_the_pruned_ones() -> None:
+    import matplotlib.pyplot as plt
+
+    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import draw_history
+
+    figure = draw_history(study_of(3), "val/acc")
+    (axes,) = figure.axes
+    figure.canvas.draw()
+    ticks = [t for t in axes.get_xticks() if axes.get_xlim()[0] <= t <= axes.get_xlim()[1]]
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+    lines = {line.get_label(): line for line in axes.get_lines()}
+    pruned = next(line for label, line in lines.items() if label.startswith("pruned"))
+    assert list(pruned.get_xdata()) == [2] and list(pruned.get_ydata()) == [0.2]
+    assert pruned.get_marker() != lines["completed"].get_marker()
+    assert list(lines["completed"].get_xdata()) == [0, 1, 3]
+    assert list(lines["best so far"].get_ydata()) == pytest.approx([0.5, 0.6, 0.6])
+    assert axes.get_xlabel() == "trial" and axes.get_ylabel() == "val/acc"
+    plt.close(figure)

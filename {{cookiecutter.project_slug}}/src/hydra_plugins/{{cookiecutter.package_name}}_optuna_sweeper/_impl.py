@@ -386,35 +386,87 @@ class OptunaSweeperImpl:
         log.info(
             "Best trial %d: %s = %s with %s", best.number, self.direction, best.value, best.params
         )
-        draw_study(study, path.parent)
+        draw_study(study, path.parent, str(self.config.get("optimized_metric") or "objective"))
 
 
-def draw_study(study: optuna.Study, folder: Path) -> None:
-    """Optuna's own matplotlib plots of the study: `optimization_history.png`, and
-    `param_importances.png` once two trials have completed. A plot that cannot be drawn is named
-    in a warning and never fails the sweep."""
+def draw_history(study: optuna.Study, objective: str = "objective") -> Any:
+    """The study's optimization history, a matplotlib Figure: each completed trial's value by
+    trial number (whole numbers on the axis), the best value so far, and each pruned trial at
+    the last value it reported before it was stopped."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    trials = study.get_trials(deepcopy=False)
+    completed = [
+        (t.number, t.value)
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+    ]
+    pruned = [
+        t for t in trials if t.state == optuna.trial.TrialState.PRUNED and t.intermediate_values
+    ]
+    figure, axes = plt.subplots(figsize=(8, 5), layout="constrained")
+    numbers = [number for number, _ in completed]
+    values = [value for _, value in completed]
+    better = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+    best = [better(values[: i + 1]) for i in range(len(values))]
+    axes.plot(numbers, values, "o", color="#4c78a8", label="completed")
+    axes.plot(numbers, best, drawstyle="steps-post", color="#d62728", label="best so far")
+    if pruned:
+        last = [t.intermediate_values[max(t.intermediate_values)] for t in pruned]
+        axes.plot(
+            [t.number for t in pruned], last, "x", color="#f2a541", markersize=8,
+            markeredgewidth=2, label="pruned (last value reported)",
+        )  # fmt: skip
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("trial")
+    axes.set_ylabel(objective)
+    axes.set_title(f"{objective} by trial ({study.direction.name.lower()})", fontsize=10)
+    axes.legend(fontsize=8)
+    return figure
+
+
+# Parameter importances rank the parameters by how the objective varies among the completed
+# trials: from fewer than this many, the ranking is noise.
+LEAST_FOR_IMPORTANCES = 5
+
+
+def draw_study(study: optuna.Study, folder: Path, objective: str = "objective") -> None:
+    """`optimization_history.png` (draw_history), and Optuna's `param_importances.png` once
+    LEAST_FOR_IMPORTANCES trials have completed (a log line says why it is not drawn before). A
+    plot that cannot be drawn is named in a warning and never fails the sweep."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as plots
 
+    def importances(study: optuna.Study) -> Any:
+        with warnings.catch_warnings():
+            # Optuna's note that its plots are experimental leaves nothing to act on.
+            warnings.simplefilter("ignore")
+            return plots.plot_param_importances(study).figure
+
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     drawings: list[tuple[str, Callable[[optuna.Study], Any]]] = [
-        ("optimization_history.png", plots.plot_optimization_history)
+        ("optimization_history.png", lambda study: draw_history(study, objective))
     ]
-    if len(completed) >= 2 and study.best_trial.params:
-        drawings.append(("param_importances.png", plots.plot_param_importances))
-    for name, plot in drawings:
+    if len(completed) < LEAST_FOR_IMPORTANCES:
+        log.info(
+            "param_importances.png not drawn: %d trial%s completed, and ranking the parameters "
+            "takes %d.",
+            len(completed),
+            "" if len(completed) == 1 else "s",
+            LEAST_FOR_IMPORTANCES,
+        )
+    elif study.best_trial.params:
+        drawings.append(("param_importances.png", importances))
+    for name, draw in drawings:
         try:
-            with warnings.catch_warnings():
-                # Optuna's notes on its plots (experimental, too few trials to rank parameters)
-                # leave nothing to act on.
-                warnings.simplefilter("ignore")
-                plot(study)
-            figure = plt.gcf()
+            figure = draw(study)
             figure.set_size_inches(8, 5)
             figure.savefig(folder / name, dpi=110, bbox_inches="tight")
             plt.close(figure)
         except Exception as error:
+            plt.close("all")
             log.warning("%s not drawn: %s", name, error)

@@ -1,6 +1,7 @@
 """Callbacks of this project; Lightning's own are configured in `configs/callbacks`."""
 
 from .exact_resume import ExactResume
+from .model_summary import ModelSummary
 from .monitored_metric import MonitoredMetricLogged
 from .non_finite import NonFiniteGuard
 from .preemption import Preempted, Preemption
@@ -11,6 +12,7 @@ from .throughput import Throughput
 
 __all__ = [
     "ExactResume",
+    "ModelSummary",
     "MonitoredMetricLogged",
     "NonFiniteGuard",
     "Preempted",

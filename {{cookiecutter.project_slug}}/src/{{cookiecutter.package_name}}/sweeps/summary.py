@@ -270,12 +270,29 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], metric: str | Non
     writer.writerow(header)
     writer.writerows(table)
     write_text_atomically(summary.getvalue(), sweep_dir / "summary.csv")
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    write_text_atomically(markdown_table(rows, metric), sweep_dir / "summary.md")
+
+
+def markdown_table(rows: list[dict[str, Any]], metric: str | None) -> str:
+    """summary.md, to read in a terminal: each job's parameters (short names, values rounded),
+    status and optimized metric, in aligned columns; the other metrics and the run directories
+    are in summary.csv."""
+    header = ["job", "overrides", "status", *([metric] if metric else [])]
     labels = short_labels([str(row["overrides"]) for row in rows])
-    for label, values in zip(labels, table, strict=True):
-        cells = [significant(v) for v in [values[0], label, *values[2:]]]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    write_text_atomically("\n".join(lines) + "\n", sweep_dir / "summary.md")
+    table = [
+        [str(row["job"]), label, str(row["status"])]
+        + ([significant(row["metrics"].get(metric, "-"))] if metric else [])
+        for row, label in zip(rows, labels, strict=True)
+    ]
+    table = [[cell.replace("|", "\\|") for cell in cells] for cells in table]
+    widths = [max(len(cells[i]) for cells in [header, *table]) for i in range(len(header))]
+
+    def aligned(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    lines = [aligned(header), aligned(["-" * w for w in widths]), *map(aligned, table)]
+    lines += ["", "Every metric and each job's run directory: summary.csv."]
+    return "\n".join(lines) + "\n"
 
 
 def draw_summary_picture(sweep_dir: Path, rows: list[dict[str, Any]], config: DictConfig) -> None:
