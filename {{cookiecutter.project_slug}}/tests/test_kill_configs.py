@@ -145,6 +145,33 @@ def test_a_run_of_an_uncommon_shape_killed_finishes_exactly(
     assert_same_outcome(reference_run(shape), tmp_path / "run")
 
 
+# Three epochs of four batches, two loader processes (persistent), a validation and a step
+# checkpoint at every epoch's end, no early stopping.
+EPOCHS_WITH_WORKERS = [
+    *NO_EARLY_STOP, "trainer.max_epochs=3", "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
+    "callbacks.step_checkpoint.every_n_train_steps=4", "data.num_workers=2",
+]  # fmt: skip
+
+
+def test_a_run_with_loader_processes_resumed_at_epoch_ends_finishes_exactly(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Killed in the first step after epoch 0's checkpoints, then in epoch 2's first: each run
+    resumes from the checkpoints of an epoch's end. Lightning makes the loader's iterator before
+    it sets the resumed epoch on the sampler, and loader processes drew their order then: every
+    resumed epoch trained on epoch 0's batches (a hostile tester's digits run ended at step 285,
+    not 380, every weight and the test accuracy different)."""
+    kills = [("train_step", 5), ("train_step", 9)]
+    faults = [
+        arg
+        for number, (phase, at) in enumerate(kills)
+        for arg in fault(phase, at, tmp_path / f"fired{number}", name=f"kill{number}")
+    ]
+    killed_then_finished([*EPOCHS_WITH_WORKERS, *faults], tmp_path / "run", kills=len(kills))
+    assert_same_outcome(reference_run(EPOCHS_WITH_WORKERS), tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_steps_skipped_for_non_finite_values_count_across_a_kill(tmp_path: Path) -> None:
     """max_skipped counts the whole run: four skipped steps over two processes still stop it."""

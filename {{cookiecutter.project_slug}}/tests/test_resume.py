@@ -322,3 +322,30 @@ def test_the_non_finite_check_of_a_sharded_save_reduces_on_the_processs_device(
 
     strategy = cast(Any, NcclLikeStrategy())
     ShardedCheckpointStrategy.refuse_non_finite(strategy, {"w": torch.ones(2)}, tmp_path / "ck")
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent workers", "workers"])
+def test_the_training_loader_draws_its_order_at_the_first_batch(persistent: bool) -> None:
+    """Lightning makes the iterator of a resumed run's first epoch before it sets that epoch on
+    the sampler, and `ExactResume` sets the samples to skip after it too: loader processes that
+    drew the order when the iterator was made trained a resumed epoch on epoch 0's batches."""
+    from torch.utils.data import TensorDataset
+
+    from {{ cookiecutter.package_name }}.data.base import (
+        FirstBatchLoader,
+        ResumableSampler,
+    )
+
+    data = TensorDataset(torch.arange(48))
+    sampler = ResumableSampler(data, num_replicas=1, rank=0, seed=7)
+    loader = FirstBatchLoader(
+        data, batch_size=4, sampler=sampler, drop_last=True, num_workers=2,
+        persistent_workers=persistent,
+    )  # fmt: skip
+    for epoch, skipped in ((0, 0), (3, 2), (4, 0)):
+        iterator = iter(loader)
+        sampler.set_epoch(epoch)
+        sampler.skip = skipped * 4
+        got = torch.cat([batch for (batch,) in iterator])
+        expected = torch.tensor(list(sampler))[skipped * 4 :]
+        assert torch.equal(got, expected), f"epoch {epoch}: {got} != {expected}"

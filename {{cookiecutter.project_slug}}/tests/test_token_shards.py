@@ -459,6 +459,23 @@ def test_a_run_on_token_shards_killed_mid_epoch_finishes_exactly(
     assert completion and f"def été({completion}" in output
 
 
+def test_a_run_on_token_shards_resumed_at_an_epoch_s_start_finishes_exactly(
+    prepared: Path, tmp_path: Path, reference_run: References
+) -> None:
+    """Epochs of four batches, each ending in a validation and its checkpoints; killed in epoch
+    1's first step, the run resumes from epoch 0's end. Lightning makes the loader's iterator
+    before it sets the resumed epoch on the sampler, and the loader processes drew their order
+    then: epoch 1 trained on epoch 0's batches."""
+    steps = ("trainer.max_steps=", "trainer.val_check_interval=")
+    command = [
+        *(arg for arg in shard_run(str(prepared)) if not arg.startswith(steps)),
+        "trainer.max_steps=-1", "trainer.max_epochs=3", "trainer.limit_train_batches=4",
+        "trainer.val_check_interval=null", "trainer.check_val_every_n_epoch=1",
+    ]  # fmt: skip
+    killed_then_finished([*command, *fault("train_step", 5, tmp_path / "fired")], tmp_path / "run")
+    assert_same_outcome(reference_run(command), tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_a_killed_prepare_leaves_nothing_that_looks_prepared_and_the_same_command_finishes(
     corpus: Path, prepared: Path, tmp_path: Path

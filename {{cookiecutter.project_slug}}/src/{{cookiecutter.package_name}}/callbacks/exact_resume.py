@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torchmetrics import Metric
 
-from ..data.base import ResumableSampler
+from ..data.base import FirstBatchLoader, ResumableSampler
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,21 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning resumes mid-epoch without calling `on_train_epoch_start`; an epoch that the
-        checkpoint finished is not resumed at all, and the next one starts from its first batch."""
+        checkpoint finished is not resumed at all, and the next one starts from its first batch.
+        The loader's iterator is already made here, but draws no order before its first batch
+        (`FirstBatchLoader`): the epoch that Lightning sets after this hook, and the samples to
+        skip set here, both count."""
         self._metrics = self.metrics(pl_module)
         if self.pending is None:
             return
+        loader = trainer.train_dataloader
+        if getattr(loader, "num_workers", 0) and not isinstance(loader, FirstBatchLoader):
+            log.warning(
+                "The training DataLoader has loader processes and is no FirstBatchLoader: it drew "
+                "its order when Lightning made its iterator, before the resumed epoch was set, so "
+                "this run may train on other batches than the interrupted one would have. Make it "
+                "with SplitDataModule.loader (a FirstBatchLoader)."
+            )
         if self.restores_progress:
             trainer.should_stop = self.restores_stop and bool(self.pending.get("should_stop"))
             metrics = self.pending["metrics"].items()
@@ -143,17 +154,9 @@ class ExactResume(Callback):
             states = self.pending["metric_states"]
             self.restore_metric_states(pl_module, states, trainer.global_rank)
             self.training_metrics |= set(states)
-        loader = trainer.train_dataloader
         sampler = getattr(loader, "sampler", None)
         if isinstance(sampler, ResumableSampler):
             sampler.skip = done * int(getattr(loader, "batch_size", 1) or 1)
-            fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
-            if getattr(loader, "num_workers", 0) and fetcher is not None:
-                # Workers fetched the first batches of epoch 0's order when Lightning created the
-                # iterator, before this hook: start it again, in this epoch's order, from the
-                # first batch not yet trained.
-                sampler.set_epoch(trainer.current_epoch)
-                iter(fetcher)
         else:
             log.warning(
                 "The training DataLoader has no ResumableSampler: this resumed epoch starts from "

@@ -2,7 +2,8 @@
 
 The training sampler's shuffle depends only on the seed and the epoch, and it can start an epoch
 part-way, so a resumed run sees exactly the batches the interrupted one would have seen, on one
-process or many (`callbacks.ExactResume` tells it where to start).
+process or many (`callbacks.ExactResume` tells it where to start). The training loader draws that
+order at an epoch's first batch, with loader processes or without (`FirstBatchLoader`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -78,6 +79,40 @@ class ResumableSampler(DistributedSampler[Any]):
         indices = itertools.islice(super().__iter__(), self.skip, None)
         self.skip = 0
         return indices
+
+
+class FirstBatchLoader(DataLoader[Any]):
+    """A DataLoader whose iterator draws its sampler's order when the first batch is asked for, as
+    one without loader processes does, not when the iterator is made.
+
+    With loader processes, torch's iterator hands them the first `prefetch_factor` batches of
+    indices as it is made, so it draws the epoch's whole order then. Lightning makes a resumed
+    run's iterator (`FitLoop.setup_data`) before it sets the resumed epoch on the sampler
+    (`FitLoop.on_advance_start`), and does not make it again for that epoch
+    (`_TrainingEpochLoop.on_run_start` skips `iter` while `fit_loop.is_resuming`); `ExactResume`
+    sets where a part-way epoch resumes after it too. So loader processes trained a run resumed
+    at an epoch's start on epoch 0's batches. Drawn at the first batch, the order is that of the
+    epoch and position set before it, whoever made the iterator and when; the loader processes
+    start at that batch."""
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return StartsAtFirstBatch(super().__iter__)
+
+
+class StartsAtFirstBatch(Iterator[Any]):
+    """An iterator made by `start` when its first item is asked for."""
+
+    def __init__(self, start: Callable[[], Iterator[Any]]) -> None:
+        self.start = start
+        self.iterator: Iterator[Any] | None = None
+
+    def __iter__(self) -> StartsAtFirstBatch:
+        return self
+
+    def __next__(self) -> Any:
+        if self.iterator is None:
+            self.iterator = self.start()
+        return next(self.iterator)
 
 
 def shuffle_seed() -> int:
@@ -237,11 +272,12 @@ class SplitDataModule(L.LightningDataModule):
     def loader(self, split: str) -> DataLoader[Any]:
         """Drop the ragged last batch when training, so compiled shapes stay static. The loader's
         own generator seeds its workers, so starting an epoch draws nothing from torch's global
-        generator (which dropout uses)."""
+        generator (which dropout uses). Training draws its order at an epoch's first batch, after
+        the epoch and the resumed position are set (`FirstBatchLoader`)."""
         if self.num_workers > 0:
             kill_workers_at_exit()
         dataset = self.splits[split]
-        return DataLoader(
+        return (FirstBatchLoader if split == "train" else DataLoader)(
             dataset,
             multiprocessing_context=worker_start(dataset) if self.num_workers > 0 else None,
             batch_size=self.batch_size,

@@ -122,8 +122,8 @@ class ImageFileDataset(Dataset[tuple[torch.Tensor, int]]):
 class SeededIndexSampler(ResumableSampler):
     """The training sampler (seeded shuffle, one shard per process, resumable mid-epoch) yielding
     (seed, epoch, index) for each sample, so that the worker that decodes it can seed its
-    augmentation. The epoch is read when an epoch's iteration starts, after Lightning (or
-    `ExactResume`, on resume) has set it."""
+    augmentation. The epoch is read when an epoch's first batch is drawn (`FirstBatchLoader`),
+    after Lightning has set it, on a resumed run too."""
 
     def __iter__(self) -> Iterator[Any]:
         seed, epoch = self.seed, self.epoch
