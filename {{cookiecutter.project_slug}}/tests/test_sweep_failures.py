@@ -293,7 +293,9 @@ def test_parameter_importances_are_drawn_from_five_completed_trials_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, completed: int, drawn: bool
 ) -> None:
     """From fewer, a ranking of the parameters is noise: one log line says why it is missing."""
-    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import draw_study
+    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import (
+        draw_study,
+    )
 
     with caplog.at_level(logging.INFO):
         draw_study(study_of(completed), tmp_path, "val/acc")
@@ -314,7 +316,9 @@ def test_parameter_importances_are_drawn_from_five_completed_trials_on(
 def test_the_history_numbers_trials_in_whole_numbers_and_shows_the_pruned_ones() -> None:
     import matplotlib.pyplot as plt
 
-    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import draw_history
+    from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper._impl import (
+        draw_history,
+    )
 
     figure = draw_history(study_of(3), "val/acc")
     (axes,) = figure.axes
