@@ -117,7 +117,7 @@ FAILURES = {
 
 
 @pytest.mark.parametrize("machine", list(FAILURES))
-@pytest.mark.parametrize("asked", ["torch==2.99.0", "torch"])
+@pytest.mark.parametrize("asked", ["torch==2.5.1", "torch"])
 def test_an_install_that_fails_names_the_tested_torch_as_the_fix(
     machine: str, asked: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -136,6 +136,14 @@ def test_a_run_of_an_uncommon_shape_killed_finishes_exactly(
     epoch-end save, gradients lost to a save inside an accumulation window, or checkpoint files
     missing or left over."""
     shape, kills = UNCOMMON[case]
+    assert_kills_finish_exactly(shape, kills, tmp_path, reference_run)
+
+
+def assert_kills_finish_exactly(
+    shape: list[str], kills: list[tuple[str, int]], tmp_path: Path, reference_run: References
+) -> None:
+    """The run killed at each (phase, step) in turn, run again after each kill, ends as the
+    uninterrupted run of `shape` does."""
     faults = [
         arg
         for number, (phase, at) in enumerate(kills)
@@ -163,13 +171,7 @@ def test_a_run_with_loader_processes_resumed_at_epoch_ends_finishes_exactly(
     resumed epoch trained on epoch 0's batches (a hostile tester's digits run ended at step 285,
     not 380, every weight and the test accuracy different)."""
     kills = [("train_step", 5), ("train_step", 9)]
-    faults = [
-        arg
-        for number, (phase, at) in enumerate(kills)
-        for arg in fault(phase, at, tmp_path / f"fired{number}", name=f"kill{number}")
-    ]
-    killed_then_finished([*EPOCHS_WITH_WORKERS, *faults], tmp_path / "run", kills=len(kills))
-    assert_same_outcome(reference_run(EPOCHS_WITH_WORKERS), tmp_path / "run")
+    assert_kills_finish_exactly(EPOCHS_WITH_WORKERS, kills, tmp_path, reference_run)
 
 
 @pytest.mark.slow
