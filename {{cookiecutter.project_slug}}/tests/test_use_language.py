@@ -69,6 +69,24 @@ def test_a_cached_forward_in_pieces_gives_the_logits_of_one_pass() -> None:
     torch.testing.assert_close(torch.cat(pieces, dim=1), net(tokens), atol=1e-5, rtol=1e-5)
 
 
+def test_one_sequence_generates_the_logits_of_the_training_layout_and_sees_new_weights() -> None:
+    """Generating for one sequence on the CPU multiplies by a transposed copy of each weight; the
+    logits must be those of the layers themselves, also after the weights change in place."""
+    net = tiny_gpt()
+    tokens = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(2))
+    for _ in range(2):
+        cache = net.new_cache()
+        with torch.no_grad():
+            net(tokens[:, :-1], cache)
+            one_row = net(tokens[:, -1:], cache)[:, -1]
+        with torch.enable_grad():
+            layers = net(tokens)[:, -1].detach()
+        torch.testing.assert_close(one_row, layers, atol=1e-5, rtol=1e-5)
+        with torch.no_grad():
+            for param in net.parameters():
+                param.mul_(1.5)
+
+
 def test_adapters_start_at_the_base_train_alone_and_merge_to_the_same_logits() -> None:
     net, base = tiny_gpt(), tiny_gpt()
     tokens = torch.randint(0, 256, (2, 12))
