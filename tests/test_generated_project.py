@@ -16,12 +16,24 @@ from .conftest import CRUFT_ANSWERS, Bake
 from .helpers import run
 
 UPDATED_BY_CRUFT = "vision-tensorboard-py310-cruft-updated"
+# The defaults (both examples) run the whole suite. The other bakes run the tests whose code or
+# configs change with the answers and their example's own tests: the kill, signal, sweep and
+# cluster harnesses are the same code in every bake and run once, in the defaults.
+ANSWER_DEPENDENT = [
+    "test_command_line.py", "test_configs.py", "test_errors.py", "test_doctor.py",
+    "test_targets.py", "test_bench.py", "test_package_layers.py", "test_runs.py",
+]  # fmt: skip
 COMBINATIONS = {
-    "defaults": ({}, "not gpu"),
-    UPDATED_BY_CRUFT: (CRUFT_ANSWERS, "not slow and not gpu"),
+    "defaults": ({}, "not gpu", []),
+    UPDATED_BY_CRUFT: (
+        CRUFT_ANSWERS,
+        "not slow and not gpu",
+        [*ANSWER_DEPENDENT, "test_vision.py", "test_use_vision.py", "test_image_folder.py"],
+    ),
     "language-csv-py313": (
         {"examples": "language", "logger": "csv", "python_version": "3.13", "dockerfile": "no"},
         "not slow and not gpu",
+        [*ANSWER_DEPENDENT, "test_language.py", "test_use_language.py"],
     ),
 }
 
@@ -39,7 +51,7 @@ def check(result: subprocess.CompletedProcess[str], what: str) -> None:
 def test_generated_project_passes_its_own_checks(
     bake: Bake, mypy_cache: Path, tmp_path: Path, request: pytest.FixtureRequest, case: str
 ) -> None:
-    answers, markers = COMBINATIONS[case]
+    answers, markers, test_files = COMBINATIONS[case]
     if case == UPDATED_BY_CRUFT:
         project = tmp_path / "updated"
         shutil.copytree(request.getfixturevalue("cruft_updated").project, project, symlinks=True)
@@ -67,8 +79,10 @@ def test_generated_project_passes_its_own_checks(
     # Two processes (this machine's cores); a test file stays on one, sharing its fixtures.
     parallel = ["-p", "xdist", "-n", "2", "--dist", "loadfile"]
     tests = run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *parallel], project
-    )
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *parallel,
+         *(f"tests/{name}" for name in test_files)],
+        project,
+    )  # fmt: skip
     check(tests, "pytest")
     assert " passed" in tests.stdout and " failed" not in tests.stdout
     if os.geteuid() == 0 and shutil.which("slurmctld") and "not slow" not in markers:

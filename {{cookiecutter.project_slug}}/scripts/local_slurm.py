@@ -9,8 +9,11 @@ slurm, scripts/slurm.sbatch, preemption and requeue) on a laptop or in CI, and f
 
 The cluster runs as root without munge, cgroups or accounting (slurmdbd): one node with this
 machine's cores and memory, one partition `local`. Everything it writes stays in the folder.
-Where it cannot start (not root, the packages missing, a daemon that does not come up) it says so
-in one line and exits with code 1.
+A node failure can be tried: `scontrol update nodename=<node> state=down reason=<why>` requeues
+its jobs (those that allow it) and keeps the node down until `state=resume`. A requeued job starts
+again 21 s after its requeue (121 s on a default cluster). Where the cluster cannot start (not
+root, the packages missing, a daemon that does not come up) it says so in one line and exits
+with code 1.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ SlurmctldHost={host}
 SlurmctldPort={port}
 SlurmdPort={port + 1}
 AuthType=auth/none
+# A requeued job waits until its revoked credential has expired: 20 s here instead of 120.
+AuthInfo=cred_expire=20
 CredType=cred/none
 SlurmUser=root
 SlurmdUser=root
@@ -71,9 +76,13 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
-ReturnToService=2
+# A node set DOWN stays down until `scontrol update nodename=<node> state=resume`; one marked down
+# for not answering comes back when it answers. (With 2, a DOWN node came back at its next answer
+# to the controller, e.g. as its killed job's processes ended: within 0.1 s.)
+ReturnToService=1
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
+# The main scheduler every second (not 60): a requeued job starts once it may.
+SchedulerParameters=bf_interval=1,sched_interval=1
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none

@@ -25,6 +25,7 @@ TRAINER=${TRAINER:-gpu}
 RUN_NAME=${RUN_NAME:-torchrun-$(date +%Y-%m-%d_%H-%M)}
 QUOTED_NAME=${RUN_NAME//\'/\\\'}  # a Hydra string in single quotes: commas, spaces, = as written
 
+export TORCHRUN_AGENT_PID=$$  # exec keeps it: the agent's, which its workers check they are under
 exec torchrun \
   --nnodes="$NNODES" --node-rank="$NODE_RANK" --nproc-per-node="$NPROC_PER_NODE" \
   --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \

@@ -186,6 +186,18 @@ class SlowSteps(Callback):
         time.sleep(self.seconds)
 
 
+class PausedWhile(Callback):
+    """Holds the run at the end of each training step for as long as `path` exists, so that a
+    test can act while the run is mid-training (it burns no CPU), then let it finish."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        while self.path.exists():
+            time.sleep(0.2)
+
+
 class OutOfMemoryAt(Callback):
     """Raises the error PyTorch raises when the device's memory runs out, at the start of
     training step `at` (counted from 1), as a batch too large for the device would."""

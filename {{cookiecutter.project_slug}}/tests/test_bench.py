@@ -192,6 +192,43 @@ def test_generation_bench_times_both_ways_from_the_command_line(tmp_path: Path) 
         "bench.generation=true", "bench.new_tokens=500", cwd=tmp_path,
     )  # fmt: skip
     assert too_long.returncode == 1 and "exceeds the model's context" in too_long.stderr
+
+
+def test_generation_bench_times_transformers_generate_on_the_same_weights(tmp_path: Path) -> None:
+    """Transformers' GPT2LMHeadModel gets our GPT's weights (the same logits, biases included)
+    and its cached `generate` is timed in pairs with ours."""
+    pytest.importorskip("transformers")
+    from {{ cookiecutter.package_name }}.models.nets.gpt import (
+        GPT,
+    )
+    from {{ cookiecutter.package_name }}.recipes.bench.generation import (
+        bench_generation,
+        hugging_face_twin,
+    )
+
+    cfg = compose_config(
+        "bench",
+        [
+            "experiment=language", "trainer=cpu", "bench.generation=true", "bench.batch=2",
+            "bench.new_tokens=12", "bench.repeats=2", "model.net.n_layer=2",
+            f"bench.output={tmp_path / 'generation.json'}",
+        ],
+        tmp_path,
+    )  # fmt: skip
+    theirs = bench_generation(cfg)["transformers"]
+    assert theirs["max_logit_difference"] < 1e-4
+    assert len(theirs["pairs_s"]) == 2
+    assert theirs["tokens_per_sec"] == pytest.approx(2 * 12 / min(t for _, t in theirs["pairs_s"]))
+    ratios = sorted(t / ours for ours, t in theirs["pairs_s"])
+    assert theirs["ours_over_transformers"] == pytest.approx(sum(ratios) / 2)
+    torch.manual_seed(0)
+    net = GPT(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=16, bias=True).eval()
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)  # biases that are not zeros
+    idx = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(hugging_face_twin(net)(idx).logits, net(idx))
 {%- endif %}
 
 

@@ -51,7 +51,8 @@ def not_writable_folder(tmp_path: Path) -> Path:
     return tmp_path / "a_file" / "logs"
 
 
-RECIPE_MODULES = {"train": "train", "evaluate": "eval", "predict": "predict", "export": "export"}
+RECIPE_MODULES = {"train": "train", "evaluate": "eval", "predict": "predict", "export": "export",
+                  "serve": "serve"}  # fmt: skip
 {%- if cookiecutter.examples != "vision" %}
 RECIPE_MODULES["prepare"] = "prepare"
 {%- endif %}

@@ -96,7 +96,7 @@ def test_every_switch_in_a_config_is_checked(train_config: ComposeFn, overrides:
 
 # Data configs that read the user's own files (written by prepare, or a folder of images): with
 # none there, building them is one error saying what to do.
-NEEDS_FILES = {"token_shards", "image_folder"}
+NEEDS_FILES = {"token_shards", "image_folder", "tokenized_text"}
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml")))

@@ -153,6 +153,8 @@ DOORS = {
         "pickle", "torch.load", "torch.export.load", "torch.distributed.checkpoint.load",
         "torch.distributed.checkpoint.FileSystemReader", "torch.distributed.checkpoint.filesystem",
         "torch.distributed.checkpoint.state_dict_loader", "numpy.load", "dcp.load", "np.load",
+        "safetensors.torch.load_file", "safetensors.torch.load", "safetensors.torch.safe_open",
+        "safetensors.safe_open", "safetensors.deserialize", "safe_open",
     },
     "targets": {"hydra.utils.instantiate", "hydra.utils.call", "instantiate"},
 }  # fmt: skip
@@ -195,8 +197,9 @@ def used_outside_its_door() -> dict[str, list[str]]:
 
 
 def test_untrusted_files_are_read_and_configs_built_only_behind_their_doors() -> None:
-    """No module but `checkpointing.door` unpickles, calls `torch.load`, or hands a folder to a
-    torch.distributed.checkpoint loader; none but `targets` calls Hydra's instantiate."""
+    """No module but `checkpointing.door` unpickles, calls `torch.load` or a safetensors loader,
+    or hands a folder to a torch.distributed.checkpoint loader; none but `targets` calls Hydra's
+    instantiate."""
     assert {module: found for module, found in used_outside_its_door().items() if found} == {}
 
 
@@ -204,11 +207,14 @@ def test_the_door_check_sees_a_call_written_anywhere(tmp_path: Path) -> None:
     probe = tmp_path / "door_probe.py"
     source = "import pickle\nimport torch\nx = torch.load('f')\n"
     source += "from hydra.utils import instantiate\n"
+    source += "import safetensors.torch\ny = safetensors.torch.load_file('f')\n"
+    source += "from safetensors import safe_open\n"
     try:
         probe.write_text(source)
         MODULES["door_probe"] = probe
         assert used_outside_its_door()["door_probe"] == [
-            "hydra.utils.instantiate", "instantiate", "pickle", "torch.load",
+            "hydra.utils.instantiate", "instantiate", "pickle", "safe_open",
+            "safetensors.safe_open", "safetensors.torch.load_file", "torch.load",
         ]  # fmt: skip
     finally:
         MODULES.pop("door_probe", None)

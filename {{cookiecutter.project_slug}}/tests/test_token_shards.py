@@ -519,7 +519,7 @@ def test_a_tokenizer_worker_ends_when_the_command_is_killed_alone(killed: str) -
     starting."""
     delay = 0 if killed.startswith("after") else 3
     worker = (
-        f"import os, time; time.sleep({delay}); from {PACKAGE}.recipes.prepare import die_with_parent; "
+        f"import os, time; time.sleep({delay}); from {PACKAGE}.data.tokenizing_worker import die_with_parent; "
         "die_with_parent(int(os.environ['PARENT'])); print('ready', flush=True); time.sleep(600)"
     )
     command = (

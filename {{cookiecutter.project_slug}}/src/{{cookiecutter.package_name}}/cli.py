@@ -17,6 +17,7 @@ from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .run import record as run_record
 from .run import stop_signals
 from .run.names import pasteable, verbatim
+from .run.parent_death import stop_when_the_torchrun_agent_dies
 from .run.settings import check_launcher_environment
 
 
@@ -90,6 +91,7 @@ def paste_back_arguments() -> None:
 
 
 def train() -> None:
+    stop_when_the_torchrun_agent_dies()
     if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a sweep's driver stops as it always did
         stop_signals.record_from_startup()
     paste_back_arguments()
@@ -112,6 +114,11 @@ def predict() -> None:
 def export() -> None:
     paste_back_arguments()
     export_main()
+
+
+def serve() -> None:
+    paste_back_arguments()
+    serve_main()
 {%- if cookiecutter.examples != "vision" %}
 
 
@@ -187,6 +194,18 @@ def export_main(cfg: DictConfig) -> float | None:
         return export(cfg)
 
     return _run(run_export, cfg)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="serve")
+def serve_main(cfg: DictConfig) -> float | None:
+    """Answer HTTP requests with a checkpoint written by `train`, until stopped."""
+
+    def run_server(cfg: DictConfig) -> Any:
+        from .recipes.serve import serve
+
+        return serve(cfg)
+
+    return _run(run_server, cfg)
 {%- if cookiecutter.examples != "vision" %}
 
 

@@ -89,6 +89,7 @@ HYDRA_START_FILES = (
     "eval.log",
     "predict.log",
     "export.log",
+    "serve.log",
     "bench.log",
     "prepare.log",
     "debug.log",

@@ -1,7 +1,12 @@
 """The sweeper's work, imported only when a sweep starts (it imports optuna).
 
 Each batch of trials is asked from the study, launched as Hydra jobs, and told back. A job
-reports intermediate values through the `OptunaPruning` callback, which may stop it early."""
+reports intermediate values through the `OptunaPruning` callback, which may stop it early.
+
+A launch killed while its trials' jobs ran (a driver killed while its SLURM jobs go on) leaves
+them running in the study. The same command, run again, waits for a trial whose job still holds
+its folder and takes the result that job recorded; a trial whose job recorded none is launched
+again, resuming in its folder."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -26,9 +32,14 @@ from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
 )
 from {{ cookiecutter.package_name }}.run.lock import (
+    FolderInUse,
     hold,
+    holder,
+    holder_job,
 )
 from {{ cookiecutter.package_name }}.sweeps.summary import (
+    PRUNED,
+    read_json,
     record_job_status,
 )
 
@@ -38,6 +49,11 @@ FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 AnyTrial = optuna.Trial | optuna.trial.FrozenTrial
 # In the sweep folder: the study whose trials it holds, and the settings that define that study.
 STUDY_RECORD = "optuna_study.json"
+# How often a trial's job left running by an earlier launch is looked at while the search waits.
+WAIT_POLL_S = 2.0
+# A trial whose job found its folder held, and then no holder to wait for nor a result, is launched
+# again this many times before it is marked failed (a lock this machine cannot see the holder of).
+RELAUNCHES_AFTER_REFUSAL = 2
 
 # Optuna's messages go to the sweep's log with everything else, not to stderr.
 optuna.logging.disable_default_handler()
@@ -256,7 +272,7 @@ class OptunaSweeperImpl:
         return study.ask(space)
 
     def _next_batch(
-        self, study: optuna.Study, space: dict[str, Any], left: list[optuna.trial.FrozenTrial]
+        self, study: optuna.Study, space: dict[str, Any], left: list[AnyTrial]
     ) -> list[AnyTrial]:
         """Trials left running first, consecutive ones together (their jobs take the folders
         numbered from the first), then new ones, up to n_jobs at a time."""
@@ -301,16 +317,23 @@ class OptunaSweeperImpl:
                 self.name,
                 done,
                 self.n_trials,
-                f", resuming {', '.join(str(t.number) for t in left)}" if left else "",
+                f", {', '.join(str(t.number) for t in left)} left running" if left else "",
             )
+        left_running: list[AnyTrial] = [t for t in left if self._result_left(study, t) is None]
+        done = len(study.get_trials(deepcopy=False, states=FINISHED))
         failed_in_a_row = 0
-        while left or done < self.n_trials:
-            trials = self._next_batch(study, space, left)
+        refusals: dict[int, int] = {}
+        while left_running or done < self.n_trials:
+            trials = self._next_batch(study, space, left_running)
             batch = [fixed + self._trial_overrides(trial) for trial in trials]
             # Job directories by trial number: a continued study never reuses a finished trial's.
             returns = self.launcher.launch(batch, initial_job_idx=trials[0].number)
             for trial, job in zip(trials, returns, strict=True):
-                failed = self._tell(study, trial, job) == optuna.trial.TrialState.FAIL
+                state = self._tell(study, trial, job, refusals)
+                if state is None:  # launched again, after the job that held its folder
+                    left_running = sorted([*left_running, trial], key=lambda t: t.number)
+                    continue
+                failed = state == optuna.trial.TrialState.FAIL
                 failed_in_a_row = failed_in_a_row + 1 if failed else 0
             done = len(study.get_trials(deepcopy=False, states=FINISHED))
             if failed_in_a_row >= self.max_failures_in_a_row:
@@ -336,25 +359,79 @@ class OptunaSweeperImpl:
             overrides += [f"++optuna_trial.pruner.{k}={v}" for k, v in (self.pruner or {}).items()]
         return overrides
 
-    def _tell(
-        self, study: optuna.Study, trial: AnyTrial, job: JobReturn
-    ) -> optuna.trial.TrialState:
-        """Tell the study how the trial's job ended; returns the trial's state."""
-        state = optuna.trial.TrialState.FAIL
-        if job.status == JobStatus.COMPLETED:
-            value = job.return_value
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                study.tell(trial.number, float(value))
-                log.info("Trial %d: %s", trial.number, value)
-                return optuna.trial.TrialState.COMPLETE
-            reason = (
-                f"the trial returned {value!r}, not a finite number: optimized_metric="
-                f"{self.config.get('optimized_metric')} must name a metric the run reports"
+    def _trial_dir(self, trial: AnyTrial) -> Path:
+        """Where the trial's job runs: the sweep folder's `<trial number>/` (initial_job_idx)."""
+        return Path(self.config.hydra.sweep.dir) / str(trial.number)
+
+    def _result_left(self, study: optuna.Study, trial: AnyTrial) -> optuna.trial.TrialState | None:
+        """The result of the trial's job left running by an earlier launch, told to the study:
+        first, while a live job still holds the trial's folder, the search waits for it to end
+        (one line says which job). None where no job recorded a result: the trial is to be
+        launched, resuming in its folder."""
+        folder = self._trial_dir(trial)
+        running = holder(folder)
+        if running is not None:
+            job = holder_job(running)
+            log.info(
+                "Trial %d is still running as %s, started by an earlier launch of this search: "
+                "waiting for it to end.",
+                trial.number,
+                f"SLURM job {job}" if job else f"process {running}",
             )
-            log.error("Trial %d failed: %s.", trial.number, reason)
-            if job.hydra_cfg is not None:  # the job ended well: its summary row would say so
-                output_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
-                record_job_status(output_dir, JobStatus.FAILED.name, reason)
+            while holder(folder) is not None:
+                time.sleep(WAIT_POLL_S)
+        metrics = read_json(folder / "metrics.json")
+        if metrics:
+            metric = self.config.get("optimized_metric")
+            log.info("Trial %d: its job of an earlier launch finished.", trial.number)
+            state = self._tell_value(study, trial, metrics.get(str(metric)), folder)
+            if state == optuna.trial.TrialState.COMPLETE:
+                record_job_status(folder, JobStatus.COMPLETED.name)
+            return state
+        recorded = read_json(folder / "job_status.json")
+        if recorded.get("status") == PRUNED:
+            log.info("Trial %d pruned: %s", trial.number, recorded.get("reason"))
+            study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+            return optuna.trial.TrialState.PRUNED
+        return None
+
+    def _tell_value(
+        self, study: optuna.Study, trial: AnyTrial, value: Any, output_dir: Path | None
+    ) -> optuna.trial.TrialState:
+        """Tell the study the value the trial's run returned: a finite number completes the
+        trial; anything else fails it, and its summary row (in `output_dir`) says why."""
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            study.tell(trial.number, float(value))
+            log.info("Trial %d: %s", trial.number, value)
+            return optuna.trial.TrialState.COMPLETE
+        reason = (
+            f"the trial returned {value!r}, not a finite number: optimized_metric="
+            f"{self.config.get('optimized_metric')} must name a metric the run reports"
+        )
+        log.error("Trial %d failed: %s.", trial.number, reason)
+        if output_dir is not None:  # the job ended well: its summary row would say so
+            record_job_status(output_dir, JobStatus.FAILED.name, reason)
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        return optuna.trial.TrialState.FAIL
+
+    def _tell(
+        self, study: optuna.Study, trial: AnyTrial, job: JobReturn, refusals: dict[int, int]
+    ) -> optuna.trial.TrialState | None:
+        """Tell the study how the trial's job ended; returns the trial's state. A job refused
+        its folder, held by the trial's job of an earlier launch (which had waited in the
+        queue), gives way to that job: its result is told instead, or, where it recorded none,
+        None says the trial is to be launched again (`refusals` counts how often)."""
+        if job.status == JobStatus.COMPLETED:
+            output_dir = (
+                Path(job.hydra_cfg.hydra.runtime.output_dir) if job.hydra_cfg is not None else None
+            )
+            return self._tell_value(study, trial, job.return_value, output_dir)
+        state = optuna.trial.TrialState.FAIL
+        if isinstance(job._return_value, FolderInUse):
+            refusals[trial.number] = refusals.get(trial.number, 0) + 1
+            if refusals[trial.number] <= RELAUNCHES_AFTER_REFUSAL:
+                return self._result_left(study, trial)
+            log.error("Trial %d failed: %s", trial.number, job._return_value)
         elif type(job._return_value).__name__ == "TrialPruned":
             state = optuna.trial.TrialState.PRUNED
             log.info("Trial %d pruned: %s", trial.number, job._return_value)

@@ -1,17 +1,31 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import subprocess
-import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from hydra.core.utils import JobReturn
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import HydraException
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
     SlurmLauncher as SubmititSlurmLauncher,
 )
+from omegaconf import OmegaConf, open_dict
+
+from {{ cookiecutter.package_name }}.sweeps.summary import (
+    read_json,
+    record_job_ended_outside,
+    returned_to_sweeper,
+)
+
+from ._jobs import Ended, Progress, Unschedulable, ended_as, pause, queue_states
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +39,10 @@ NEVER_STARTS = (
 )  # fmt: skip
 UNSCHEDULABLE_AFTER_S = float(os.environ.get("SLURM_UNSCHEDULABLE_AFTER_S", "60"))
 POLL_S = 5.0
+# A job that neither squeue nor sacct knows any longer (UNKNOWN), or that was preempted and not
+# requeued, for this long has ended, as LOST or PREEMPTED.
+LOST_AFTER_S = 120.0
+LINGERING = {"UNKNOWN": "LOST", "PREEMPTED": "PREEMPTED"}
 
 
 class SweepCannotStart(HydraException):
@@ -51,6 +69,18 @@ def remove_unstarted_sweep(folder: Path) -> None:
         if parent == Path.cwd() or any(parent.iterdir()):
             break
         parent.rmdir()
+
+
+def remove_unsubmitted(submitit_dir: Path, written_before: set[Path], sweep_dir: Path) -> None:
+    """The files submitit wrote for jobs that sbatch refused, and the sweep folder where that
+    leaves no more than Hydra's record of the sweep."""
+    written = set(submitit_dir.iterdir()) - written_before if submitit_dir.is_dir() else set()
+    for path in written:
+        if path.is_file():
+            path.unlink()
+    with contextlib.suppress(OSError):
+        submitit_dir.rmdir()  # where it is empty
+    remove_unstarted_sweep(sweep_dir)
 
 
 def cluster_problem() -> str | None:
@@ -96,52 +126,60 @@ def read_states_from_squeue() -> None:
     slurm.SlurmJob.watcher = SqueueInfoWatcher(delay_s=600)
 
 
-def pending_reasons(folder: str) -> dict[str, str]:
-    """Job id -> pending reason, for this sweep's jobs (their batch script lies in `folder`)."""
-    listed = subprocess.run(
-        ["squeue", "--noheader", "--states=PENDING", "--format=%i|%r|%o"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    reasons = {}
+def gpu_partitions() -> tuple[list[str], str | None] | None:
+    """The partitions whose nodes have GPUs (`sinfo`'s generic resources), and the default
+    partition; None where sinfo does not answer."""
+    try:
+        listed = subprocess.run(
+            ["sinfo", "--noheader", "--format=%P|%G"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listed.returncode != 0:
+        return None
+    with_gpus, default = set(), None
     for line in listed.stdout.splitlines():
-        job, reason, command = [*line.split("|", 2), "", ""][:3]
-        if command.startswith(folder):
-            reasons[job] = reason
-    return reasons
+        name, _, resources = line.strip().partition("|")
+        if name.endswith("*"):
+            name = default = name.rstrip("*")
+        if "gpu" in resources:
+            with_gpus.add(name)
+    return sorted(with_gpus), default
 
 
-class Watchdog(threading.Thread):
-    """Cancels the sweep's jobs once one of them has waited `UNSCHEDULABLE_AFTER_S` seconds for a
-    reason in NEVER_STARTS, so that the launcher's wait for results ends."""
+def cpu_only_advice(gpus: int | None, partition: str | None) -> str:
+    """What makes the jobs CPU-only, where they ask for GPUs that their partition does not have;
+    "" where they ask for none, or it has them."""
+    if not gpus:
+        return ""
+    asked = f"The jobs ask for {gpus} GPU{'s' * (gpus > 1)} per node (trainer.devices={gpus})"
+    cpu_only = "add trainer=cpu (a CPU run asks for no GPU)"
+    known = gpu_partitions()
+    if known is None:
+        return f"{asked}: on nodes without GPUs, {cpu_only}. "
+    with_gpus, default = known
+    if (partition or default) in with_gpus:
+        return ""
+    if not with_gpus:
+        return f"{asked} and no partition of this cluster has one (sinfo): {cpu_only}. "
+    where = f"partition {partition}" if partition else f"the default partition ({default})"
+    return (
+        f"{asked} and {where} has none: {cpu_only}, or pick a partition with GPUs "
+        f"(hydra.launcher.partition={' or '.join(with_gpus)}). "
+    )
 
-    def __init__(self, folder: str) -> None:
-        super().__init__(daemon=True)
-        self.folder = folder
-        self.stopped = threading.Event()
-        self.never: dict[str, str] = {}
 
-    def run(self) -> None:
-        waited: dict[str, float] = {}
-        while not self.stopped.wait(POLL_S):
-            stuck = {
-                job: reason
-                for job, reason in pending_reasons(self.folder).items()
-                if reason in NEVER_STARTS
-            }
-            waited = {job: waited.get(job, 0.0) + POLL_S for job in stuck}
-            if stuck and max(waited.values()) >= UNSCHEDULABLE_AFTER_S:
-                self.never = stuck
-                subprocess.run(["scancel", *{job.split("_")[0] for job in stuck}], timeout=30)
-                return
+class JobEndedOutside(RuntimeError):
+    """A job that SLURM ended (cancelled, out of time, its node failed) before it had a result."""
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
+        assert self.config is not None
         problem = cluster_problem()
         if problem:
-            assert self.config is not None
             remove_unstarted_sweep(Path(str(self.config.hydra.sweep.dir)))
             raise SweepCannotStart(
                 f"no SLURM cluster answers here ({problem}): launch the sweep from a node of the "
@@ -150,33 +188,143 @@ class SlurmLauncher(SubmititSlurmLauncher):
         if not accounting_works() and not reads_states_from_squeue():
             log.info("SLURM accounting is off here (sacct fails): job states come from squeue.")
             read_states_from_squeue()
-        folder = str(self.params["submitit_folder"]).split("%j")[0].rstrip("/")
-        watchdog = Watchdog(os.path.abspath(folder))
-        watchdog.start()
+        numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
+        jobs = self.submit(job_overrides, numbers)
+        for job, number, overrides in zip(jobs, numbers, job_overrides, strict=True):
+            shown = " ".join(filter_overrides(overrides))
+            log.info(f"\t#{number} : {shown} -> SLURM job {job.job_id}")
+        ended = self.wait_for(jobs, [f"Job #{number}" for number in numbers])
+        return [
+            result if isinstance(result, JobReturn)
+            else self.ended_outside(job, number, overrides, result)
+            for job, number, overrides, result in zip(
+                jobs, numbers, job_overrides, (ended[job.job_id] for job in jobs), strict=True
+            )
+        ]  # fmt: skip
+
+    def submit(self, job_overrides: Sequence[Sequence[str]], numbers: range) -> list[Any]:
+        """One SLURM job per job of the sweep, submitted as hydra-submitit-launcher submits them
+        (an array); sbatch refusing them ends the sweep in one line."""
+        import submitit
+
+        assert self.config is not None
+        init_keys = ("submitit_folder", "max_num_timeout")
+        executor = submitit.AutoExecutor(
+            cluster="slurm", folder=self.params["submitit_folder"],
+            slurm_max_num_timeout=self.params["max_num_timeout"],
+        )  # fmt: skip
+        shared = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{
+            key if key in shared else f"slurm_{key}": value
+            for key, value in self.params.items() if key not in init_keys
+        })  # fmt: skip
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        log.info(f"Submitit 'slurm' sweep output dir : {sweep_dir}")
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep:
+            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
+        submitit_dir = Path(str(self.params["submitit_folder"]).split("%j")[0])
+        written_before = set(submitit_dir.iterdir()) if submitit_dir.is_dir() else set()
+        state = Singleton.get_state()
+        job_params = [
+            (list(overrides), "hydra.sweep.dir", number, f"job_id_for_{number}", state)
+            for number, overrides in zip(numbers, job_overrides, strict=True)
+        ]
         try:
-            return super().launch(job_overrides, initial_job_idx)
+            # submitit prints sbatch's complaint as well as raising it: it is said once, below.
+            with contextlib.redirect_stderr(io.StringIO()):
+                return list(executor.map_array(self, *zip(*job_params, strict=True)))
         except Exception as error:
             refused = [
                 line.removeprefix("sbatch: error: ")
                 for line in str(error).splitlines()
                 if line.startswith("sbatch: error: ")
             ]
-            if refused:
-                raise SweepCannotStart(
-                    f"sbatch refused the sweep's jobs ({'; '.join(refused)}). Lower "
-                    "hydra.launcher.cpus_per_task / mem_gb / gpus_per_node / timeout_min, or "
-                    "pick another hydra.launcher.partition (sinfo lists what each has)."
-                ) from error
-            if not watchdog.never:
+            if not refused:
                 raise
-            reasons = sorted(set(watchdog.never.values()))
+            remove_unsubmitted(submitit_dir, written_before, sweep_dir)
             raise SweepCannotStart(
-                f"SLURM will never start job(s) {', '.join(sorted(watchdog.never))} "
-                f"(Reason={', '.join(reasons)}): they ask for more than the partition or its "
-                "nodes have, or for an account, QOS or constraint that does not exist. Lower "
-                "hydra.launcher.cpus_per_task / mem_gb / gpus_per_node / timeout_min, or pick "
-                "another hydra.launcher.partition (sinfo lists what each has). The jobs were "
-                "cancelled."
+                f"sbatch refused the sweep's jobs ({'; '.join(refused)}). {self.cpu_advice()}"
+                "Lower hydra.launcher.cpus_per_task / mem_gb / gpus_per_node / timeout_min, or "
+                "pick another hydra.launcher.partition (sinfo lists what each has)."
             ) from error
-        finally:
-            watchdog.stopped.set()
+
+    def cpu_advice(self) -> str:
+        return cpu_only_advice(self.params.get("gpus_per_node"), self.params.get("partition"))
+
+    def wait_for(self, jobs: list[Any], labels: list[str]) -> dict[str, JobReturn | Ended]:
+        """Each job's JobReturn, or how it ended without one; one line per job and change of
+        state meanwhile. Jobs that SLURM will never start (UNSCHEDULABLE_AFTER_S seconds pending
+        for a reason in NEVER_STARTS) are cancelled, and end the sweep."""
+        progress = Progress({job.job_id: label for job, label in zip(jobs, labels, strict=True)})
+        unschedulable = Unschedulable(NEVER_STARTS, UNSCHEDULABLE_AFTER_S)
+        ended: dict[str, JobReturn | Ended] = {}
+        lingering_since: dict[tuple[str, str], float] = {}
+        while True:
+            waiting = [job for job in jobs if job.job_id not in ended]
+            seen = queue_states(job.job_id for job in waiting)
+            for job in waiting:
+                # squeue forgets an ended job after a while (MinJobAge); sacct, if kept, does not.
+                state = seen[job.job_id].state if job.job_id in seen else job.state.split(" ")[0]
+                gone = False
+                if state in LINGERING:
+                    since = lingering_since.setdefault((job.job_id, state), time.monotonic())
+                    gone = time.monotonic() - since > LOST_AFTER_S
+                result = ended_as(job, LINGERING[state] if gone else state, gone)
+                if result is None:
+                    progress.saw(job.job_id, seen.get(job.job_id))
+                    continue
+                ended[job.job_id] = result
+                progress.end(job.job_id, status_of(result))
+            if len(ended) == len(jobs):
+                return ended
+            stuck = unschedulable.saw(seen)
+            if stuck:
+                self.cancel_unschedulable(stuck)
+            pause([job for job in jobs if job.job_id not in ended], POLL_S)
+
+    def cancel_unschedulable(self, stuck: dict[str, str]) -> None:
+        subprocess.run(["scancel", *sorted(stuck)], capture_output=True, timeout=60)
+        raise SweepCannotStart(
+            f"SLURM will never start job(s) {', '.join(sorted(stuck))} "
+            f"(Reason={', '.join(sorted(set(stuck.values())))}): they ask for more than the "
+            "partition or its nodes have, or for an account, QOS or constraint that does not "
+            f"exist. {self.cpu_advice()}Lower hydra.launcher.cpus_per_task / mem_gb / "
+            "gpus_per_node / timeout_min, or pick another hydra.launcher.partition (sinfo lists "
+            "what each has). The jobs were cancelled."
+        )
+
+    def ended_outside(
+        self, job: Any, number: int, overrides: Sequence[str], ended: Ended
+    ) -> JobReturn:
+        """A job that SLURM ended before it had a result: SLURM's state is recorded in its
+        folder for the summary, and it goes back to the sweeper as a failure."""
+        assert self.config is not None and self.hydra_context is not None
+        if ended.state == "CANCELLED":
+            reason = f"SLURM job {job.job_id} ended CANCELLED; the same command runs it again"
+        elif ended.state == "LOST":
+            reason = f"SLURM no longer knows job {job.job_id}, and it left no result"
+        else:
+            reason = f"SLURM job {job.job_id} ended {ended.state}{ended.detail}"
+        reason += f" (its log: {job.paths.stderr})"
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config.hydra.job):
+            config.hydra.job.num = number
+        job_dir = Path(
+            os.path.abspath(Path(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))
+        )
+        record_job_ended_outside(job_dir, list(overrides), ended.state, reason)
+        failed = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+        failed.return_value = JobEndedOutside(reason)
+        return returned_to_sweeper(self.config, failed)
+
+
+def status_of(result: JobReturn | Ended) -> str:
+    """What the summary says of an ended job: the status it recorded, else SLURM's state."""
+    if isinstance(result, Ended):
+        return result.state
+    output_dir = OmegaConf.select(
+        result.hydra_cfg or OmegaConf.create(), "hydra.runtime.output_dir"
+    )
+    status = read_json(Path(str(output_dir)) / "job_status.json") if output_dir else {}
+    return str(status.get("status", result.status.name))

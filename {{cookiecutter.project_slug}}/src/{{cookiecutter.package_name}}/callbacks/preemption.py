@@ -1,21 +1,32 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import signal
 import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Checkpoint
 
 from ..checkpointing.saving import finish_checkpoint_writes
+from ..errors import TrainingError
 from ..run import stop_signals
 from .exact_resume import mid_window, no_resumable_save_here
 
 log = logging.getLogger(__name__)
 
 REQUEUE_SIGNALS = ("SIGUSR1", "SIGUSR2")
+# What a start that has trained nothing yet keeps before its job's end to save and requeue: it
+# gives up where its first step that can be saved would come later.
+SAVE_RESERVE_S = 10.0
 
 
 class Preempted(Exception):
@@ -28,6 +39,11 @@ class Preempted(Exception):
         kept = f"saved {saved}" if saved else "nothing new to save"
         then = "requeued the job" if requeued else "run the same command to resume"
         super().__init__(f"{signal_name} {where}: {kept}; {then}.")
+
+
+class TimeLimitTooShort(TrainingError):
+    """A SLURM job whose time limit ends before its start-up reaches a step it can save: requeued,
+    it would start over with nothing gained, for ever."""
 
 
 def slurm_job_id() -> str | None:
@@ -49,6 +65,112 @@ def requeue_slurm_job() -> bool:
         return False
     log.info("Requeued SLURM job %s.", job_id)
     return True
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """When this start of a SLURM job began and when the job ends (Unix time), and its time limit
+    as SLURM writes it."""
+
+    started: float
+    ends: float
+    limit: str
+
+
+def job_times(job_id: str) -> JobTimes | None:
+    """From squeue (a requeued job's start is its latest); None where squeue cannot tell."""
+    try:
+        listed = subprocess.run(
+            ["squeue", "--noheader", f"--jobs={job_id}", "--format=%S|%e|%l"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        started, ends, limit = listed.stdout.strip().split("|")
+        return JobTimes(
+            datetime.fromisoformat(started).timestamp(), datetime.fromisoformat(ends).timestamp(),
+            limit,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+class FirstSaveDue:
+    """A requeue warning (SIGUSR1/SIGUSR2 under SLURM) that came before this start of the job had
+    anything to save: in its start-up, its sanity check, or a test that is all this start runs.
+    Requeued there, the job would start over and, warned as early again, requeue with nothing
+    gained for ever. So the run goes on to the first step that it can save (or to the test's end)
+    while the job's time allows that and `SAVE_RESERVE_S` for the save. Where it does not (a
+    step's measured time says it cannot get there, or an alarm at that last moment rings first),
+    it ends with one line saying the time limit is too short: exit code 1, not requeued."""
+
+    def __init__(self, signal_name: str, going_to: str, not_done: str) -> None:
+        self.signal_name, self.going_to, self.not_done = signal_name, going_to, not_done
+        self.signalled = stop_signals.received_at() or time.time()
+        job_id = slurm_job_id()
+        self.times = job_times(job_id) if job_id else None
+        self.alarm_set = False
+        self.previous_alarm: Any = signal.SIG_DFL
+
+    @property
+    def deadline(self) -> float | None:
+        return self.times.ends - SAVE_RESERVE_S if self.times else None
+
+    def announce(self, where: str) -> None:
+        left = f"; the job ends in {self.times.ends - time.time():.0f} s" if self.times else ""
+        log.warning(
+            "Received %s %s, before this start had anything to save: requeued now, the job would "
+            "only start over. Going on to %s%s.", self.signal_name, where, self.going_to, left,
+        )  # fmt: skip
+
+    def too_short(self, step_seconds: float | None = None) -> TimeLimitTooShort:
+        times = self.times
+        assert times is not None, "a deadline comes from squeue's times"
+        elapsed = time.time() - times.started
+        lead = max(0.0, times.ends - self.signalled)
+        step = f", and a step takes {step_seconds:.0f} s" if step_seconds is not None else ""
+        minutes = math.ceil((elapsed + lead) / 60) + 1
+        return TimeLimitTooShort(
+            f"SLURM's time limit for this job ({times.limit}) is too short for its start-up: "
+            f"{elapsed:.0f} s after it started it had not {self.not_done}{step}, with "
+            f"{max(0.0, times.ends - time.time()):.0f} s left. Its {self.signal_name} warning came "
+            "before it had anything to save, so a requeued job would only start over: it ends "
+            f"here, not requeued. Give sbatch a longer --time (at least {minutes} minutes: the "
+            f"start-up, the warning's {lead:.0f} s lead and time to train)."
+        )
+
+    def arm(self) -> None:
+        """An alarm at the deadline ends the run from wherever it is (a step that takes too long,
+        a validation on the way): it has nothing to lose."""
+        deadline = self.deadline
+        if deadline is None:
+            return
+        left = deadline - time.time()
+        if left <= 0:
+            raise self.too_short()
+        if threading.current_thread() is threading.main_thread():
+            self.previous_alarm = signal.signal(signal.SIGALRM, self.out_of_time)
+            self.alarm_set = True
+            signal.setitimer(signal.ITIMER_REAL, left)
+
+    def out_of_time(self, number: int, frame: FrameType | None) -> None:
+        self.disarm()
+        raise self.too_short()
+
+    def disarm(self) -> None:
+        if self.alarm_set:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous_alarm or signal.SIG_DFL)
+            self.alarm_set = False
+
+    def check_step(self, trainer: L.Trainer, step_seconds: float) -> None:
+        """After a step at which no checkpoint can be saved: another step must still fit (the
+        ranks agree, so that all end together)."""
+        deadline = self.deadline
+        late = deadline is not None and time.time() + step_seconds > deadline
+        if trainer.world_size > 1:
+            late = trainer.strategy.reduce_boolean_decision(late, all=False)
+        if late:
+            self.disarm()
+            raise self.too_short(step_seconds)
 
 
 def stop(trainer: L.Trainer, where: str, saved: Path | None, requeue: bool = True) -> Preempted:
@@ -73,11 +195,16 @@ class Preemption(Checkpoint):
     - Validation inside training: it finishes, and training stops at the step after it.
     - Sanity check and test: at the next batch, with nothing to save (before training there is
       none; during the test, training is already saved as finished).
+    - Except SLURM's requeue warnings (SIGUSR1/SIGUSR2, requeue on) before a start of the job has
+      anything to save (its start-up, its sanity check, a test that is all it runs): requeued
+      there, the job would start over for ever. The run goes on to its first step that can be
+      saved (or the test's end) where the job's time allows, else ends in one line
+      (`FirstSaveDue`).
 
     A checkpoint taken inside the signal handler (Lightning's and submitit's way) would capture
     half a step. As a `Checkpoint`, Lightning calls it after the other callbacks, so a step's own
-    checkpoints are written before it stops. Lightning's own SIGTERM handler, which ends `fit` with exit code 0, is replaced
-    at the start of each stage.
+    checkpoints are written before it stops. Lightning's own SIGTERM handler, which ends `fit`
+    with exit code 0, is replaced at the start of each stage.
     """
 
     def __init__(
@@ -91,27 +218,83 @@ class Preemption(Checkpoint):
         self.requeue = requeue
         self.sync_every_n_steps = max(1, sync_every_n_steps)
         self.stopping = False
+        self.trained_from: int | None = None  # the step this start's training began at
+        self.step_ended = 0.0  # time.monotonic() at the end of the last step (or the start)
+        self.first_save: FirstSaveDue | None = None
+
+    def requeue_warning(self) -> str | None:
+        """The signal received, where stopping on it would requeue the job."""
+        received = stop_signals.received()
+        if received is None or not self.requeue or received.name not in REQUEUE_SIGNALS:
+            return None
+        return received.name if slurm_job_id() else None
+
+    def go_on_to_first_save(self, name: str, where: str, testing: bool = False) -> None:
+        if self.first_save is not None:
+            return
+        if testing:
+            self.first_save = FirstSaveDue(name, "the end of the test", "finished its test")
+        else:
+            self.first_save = FirstSaveDue(
+                name, "the first step that it can save", "reached a step it could save"
+            )
+        self.first_save.announce(where)
+        self.first_save.arm()
+
+    def stop_alarm(self) -> None:
+        if self.first_save is not None:
+            self.first_save.disarm()
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         stop_signals.reassert()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A requeue warning that came before training (the ranks agree on it, and from here on
+        stop at the same step)."""
         stop_signals.reassert()
+        self.trained_from, self.step_ended = trainer.global_step, time.monotonic()
+        name = self.requeue_warning()
+        warned = name is not None
+        if trainer.world_size > 1:
+            warned = trainer.strategy.reduce_boolean_decision(warned, all=False)
+        if warned:
+            self.stopping = True
+            self.go_on_to_first_save(name or "a signal on another rank", "as training started")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.stop_alarm()
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         stop_signals.reassert()
 
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.stop_alarm()
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self.stop_alarm()
+
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
-        if trainer.sanity_checking and stop_signals.received():
+        if not trainer.sanity_checking or stop_signals.received() is None:
+            return
+        name = self.requeue_warning()
+        if name is None:
             raise stop(trainer, "during the sanity check", None, self.requeue)
+        self.go_on_to_first_save(name, "during the sanity check")
 
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
-        if stop_signals.received():
-            raise stop(trainer, "during the test", None, self.requeue)
+        if stop_signals.received() is None:
+            return
+        name = self.requeue_warning()
+        if name is not None and self.trained_from is None:  # this start only tests
+            self.go_on_to_first_save(name, "during the test", testing=True)
+            return
+        raise stop(trainer, "during the test", None, self.requeue)
 
     def on_train_batch_end(
         self,
@@ -123,6 +306,8 @@ class Preemption(Checkpoint):
     ) -> None:
         if mid_window(trainer):
             return  # inside an accumulation window: its gradients are in no checkpoint
+        now = time.monotonic()
+        step_seconds, self.step_ended = now - self.step_ended, now
         if not self.stopping:
             signalled = stop_signals.received() is not None
             if trainer.world_size > 1:
@@ -130,8 +315,13 @@ class Preemption(Checkpoint):
                     return
                 signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
             self.stopping = signalled  # every rank agreed on it at the same step
-        if not self.stopping or no_resumable_save_here(trainer):
+        if not self.stopping:
             return
+        if no_resumable_save_here(trainer):
+            if self.first_save is not None:
+                self.first_save.check_step(trainer, step_seconds)
+            return
+        self.stop_alarm()
         received = stop_signals.received()
         name = received.name if received else "a signal on another rank"
         log.warning("Received %s: saving %s at step %d.", name, self.path, trainer.global_step)

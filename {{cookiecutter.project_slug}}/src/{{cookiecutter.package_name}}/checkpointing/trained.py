@@ -1,5 +1,6 @@
 """A trained model rebuilt from a checkpoint that `train` wrote, for the commands that use one
-(eval, predict, export), and the weights a fine-tuning run starts from (`init_from`).
+(eval, predict, export), and the weights a fine-tuning run starts from (`init_from`: another
+run's checkpoint{% if cookiecutter.examples != "vision" %}, or a Hugging Face GPT-2 folder{% endif %}).
 
 A fine-tuning (LoRA) checkpoint holds its adapters and names the checkpoint its frozen weights
 come from, with that file's SHA-256: they are loaded from there and verified."""
@@ -19,7 +20,13 @@ from ..files import absolute
 from ..models.lora import is_adapter
 from ..run.steps import build_model_and_data
 from ..targets import plain, stored_config
-from .door import first_line, is_sharded, read_checkpoint
+from .door import (
+    first_line,
+    hugging_face_files,
+    is_hugging_face,
+    is_sharded,
+    read_checkpoint,
+)
 from .saving import check_same_model
 
 
@@ -55,7 +62,7 @@ def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, An
 
 # Where a data config says its data is. A checkpoint's value is followed only to a local path
 # that exists; anything else (a URL, a path that is not there) must come from the command line.
-DATA_LOCATIONS = ("path", "root", "csv", "data_dir", "source")
+DATA_LOCATIONS = ("path", "root", "csv", "data_dir", "source", "tokenizer")
 
 
 def stored_data(stored: dict[str, Any], given: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
@@ -100,9 +107,14 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
 
 
 def file_digest(path: Path) -> str:
-    """SHA-256 of a file, or of a folder of shards (each file's name and contents, in order)."""
+    """SHA-256 of a file, or of a folder (each file's name and contents, in order): every file of
+    a folder of shards, the model's files of a Hugging Face folder."""
     digest = hashlib.sha256()
-    for part in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+    if is_hugging_face(path):
+        parts = hugging_face_files(path)
+    else:
+        parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for part in parts:
         if path.is_dir():
             digest.update(str(part.relative_to(path)).encode() + b"\0")
         with open(part, "rb") as file:
@@ -112,9 +124,17 @@ def file_digest(path: Path) -> str:
 
 
 def load_init_weights(model: L.LightningModule, path: Path, trust: bool = False) -> dict[str, str]:
-    """A new run's weights from another run's checkpoint (optimizer, schedule and step counter
-    start fresh); adapters the model adds start as they are. Returns where they came from."""
+    """A new run's weights from another run's checkpoint{% if cookiecutter.examples != "vision" %} or a Hugging Face GPT-2 folder{% endif %}
+    (optimizer, schedule and step counter start fresh); adapters the model adds start as they
+    are. Returns where they came from."""
     path = absolute(path)
+{%- if cookiecutter.examples != "vision" %}
+    if is_hugging_face(path):
+        from .hugging_face import load_hugging_face
+
+        load_hugging_face(model, path)
+        return {"path": str(path), "sha256": file_digest(path)}
+{%- endif %}
     checkpoint = read_checkpoint(path, trust=trust, key="init_from")
     if "base_weights" in checkpoint:
         raise ConfigError(
@@ -149,10 +169,11 @@ def load_base_weights(
             f"{adapters}, which is missing: put that checkpoint back there (SHA-256 "
             f"{base['sha256'][:16]}...)."
         )
-    if not (path.is_file() or is_sharded(path)):
+    if not (path.is_file() or is_sharded(path) or is_hugging_face(path)):
         raise ConfigError(
-            f"{adapters}, which is not a checkpoint (a file, or a folder of shards) but a folder, "
-            "a device or a pipe: the adapters were not written by this project's train command."
+            f"{adapters}, which is not a checkpoint (a file, a folder of shards or a Hugging Face "
+            "folder) but another folder, a device or a pipe: the adapters were not written by "
+            "this project's train command."
         )
     try:
         digest = file_digest(path)
@@ -160,7 +181,7 @@ def load_base_weights(
         raise ConfigError(f"{adapters}, which cannot be read ({first_line(error)}).") from error
     if digest != base["sha256"]:
         raise ConfigError(
-            f"{adapters}, but that file has changed since the fine-tuning run started: restore "
-            "the original file."
+            f"{adapters}, but {'its files have' if path.is_dir() else 'that file has'} changed "
+            "since the fine-tuning run started: restore the original."
         )
     load_init_weights(model, path)

@@ -269,6 +269,11 @@ class SplitDataModule(L.LightningDataModule):
             return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
         return None
 
+    def collate(self, split: str) -> Callable[[list[Any]], Any] | None:
+        """How a split's samples make a batch (picklable, for loader processes); None: torch's
+        default, which stacks them."""
+        return None
+
     def loader(self, split: str) -> DataLoader[Any]:
         """Drop the ragged last batch when training, so compiled shapes stay static. The loader's
         own generator seeds its workers, so starting an epoch draws nothing from torch's global
@@ -282,6 +287,7 @@ class SplitDataModule(L.LightningDataModule):
             multiprocessing_context=worker_start(dataset) if self.num_workers > 0 else None,
             batch_size=self.batch_size,
             sampler=self.sampler(split),
+            collate_fn=self.collate(split),
             drop_last=split == "train",
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),

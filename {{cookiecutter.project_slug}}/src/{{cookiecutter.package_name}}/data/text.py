@@ -8,20 +8,17 @@ is read as non-overlapping windows of `block_size + 1` bytes.
 
 from __future__ import annotations
 
-import os
-import sysconfig
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
 from .base import SplitDataModule, check_fractions
+from .corpus import GOLDEN_RATIO, corpus_files, unreadable
 from .errors import ConfigError
 
 VOCAB_SIZE = 256
 MAX_CHUNK_BYTES = 64 * 1024
-GOLDEN_RATIO = 0.6180339887498949
 
 
 class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -38,60 +35,6 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         start = index * self.block_size
         window = self.data[start : start + self.block_size + 1].long()
         return window[:-1], window[1:]
-
-
-def corpus_files(source: str, setting: str = "data.source") -> list[Path]:
-    """`stdlib`, `project_configs` (this project's YAML configs, for the fine-tuning example), a
-    file, or a folder (every file under it that is not hidden, in sorted order)."""
-    if source == "project_configs":
-        return sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
-    if source == "stdlib":
-        root = Path(sysconfig.get_paths()["stdlib"])
-        return sorted(
-            path
-            for path in root.rglob("*.py")
-            if "site-packages" not in path.relative_to(root).parts and path.is_file()
-        )
-    path = Path(source).expanduser()
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        return files_under(path, source, setting)
-    raise ConfigError(
-        f"{setting}={source} is neither a file nor a folder. Point it at a text file or a "
-        f"folder of text files, or use {setting}=stdlib."
-    )
-
-
-def unreadable(
-    path: Path | str, error: OSError, source: str, setting: str = "data.source"
-) -> ConfigError:
-    return ConfigError(
-        f"{setting}={source}: cannot read {path} ({error.strerror or error}). Make it "
-        f"readable, or point {setting} at other text."
-    )
-
-
-def files_under(folder: Path, source: str, setting: str = "data.source") -> list[Path]:
-    """Every file under `folder` that is not hidden (nor in a hidden folder such as `.git`),
-    sorted; a subfolder that cannot be listed is an error, not silently skipped."""
-
-    def refuse(error: OSError) -> None:
-        raise unreadable(error.filename or folder, error, source, setting)
-
-    files = []
-    for root, folders, names in os.walk(folder, onerror=refuse):
-        folders[:] = [name for name in folders if not name.startswith(".")]
-        files += [
-            Path(root) / name
-            for name in names
-            if not name.startswith(".") and (Path(root) / name).is_file()
-        ]
-    if not files:
-        raise ConfigError(
-            f"{setting}={source} is a folder with no files in it (hidden files are not read)."
-        )
-    return sorted(files)
 
 
 def read_corpus(source: str, max_bytes: int | None) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Tokenizers for token shards: a byte-level BPE (Hugging Face `tokenizers`), trained on the
-corpus, or plain UTF-8 bytes. Both end every document with the `<|endoftext|>` token."""
+corpus or a pretrained model's (the `tokenizer.json` of a Hugging Face GPT-2 folder), or plain
+UTF-8 bytes. Both end every document with the `<|endoftext|>` token."""
 
 from __future__ import annotations
 
@@ -40,12 +41,16 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """A byte-level BPE: any text encodes, and decoding gives it back exactly."""
+    """A byte-level BPE: any text encodes, and decoding gives it back exactly. The vocabulary
+    counts the added tokens (GPT-2's 50257 is 50256 merges and bytes, then `<|endoftext|>`)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.vocab_size = int(tokenizer.get_vocab_size())
-        self.end_of_text = int(tokenizer.token_to_id(END_OF_TEXT))
+        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
+        end_of_text = tokenizer.token_to_id(END_OF_TEXT)
+        if end_of_text is None:
+            raise ValueError(f"it has no {END_OF_TEXT} token, which ends every document here")
+        self.end_of_text = int(end_of_text)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -74,12 +79,16 @@ class BPETokenizer:
 
 
 def load_tokenizer(path: Path) -> TextTokenizer:
-    """A tokenizer that `save` wrote (JSON either way: nothing in it runs)."""
-    return tokenizer_from_json(path.read_text())
+    """A tokenizer that `save` wrote, or a pretrained model's `tokenizer.json` (JSON either way:
+    nothing in it runs). Raises ValueError (or OSError) naming what is wrong."""
+    return tokenizer_from_json(path.read_text(encoding="utf-8"))
 
 
 def tokenizer_from_json(text: str) -> TextTokenizer:
-    if json.loads(text).get("type") == BYTES:
+    settings = json.loads(text)
+    if not isinstance(settings, dict):
+        raise ValueError(f"it holds a JSON {type(settings).__name__}, not a tokenizer's settings")
+    if settings.get("type") == BYTES:
         return ByteTokenizer()
     from tokenizers import Tokenizer
 

@@ -1,4 +1,9 @@
-"""Training logic for next-token prediction; the network maps token ids to logits."""
+"""Training logic for next-token prediction; the network maps token ids to logits.
+
+A target of -100 (`IGNORED`) counts for nothing: instruction data (`data.instructions`) marks
+prompt tokens and padding so, and the losses average the other targets only (a validation or test
+batch weighs as many as it has). Text windows have none, so their numbers are those of a plain
+mean over every token."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure
 from .step_logging import is_logging_step
 
 LN2 = math.log(2)
+IGNORED = -100  # a target that counts for nothing (torch's cross_entropy ignore_index)
 
 
 class LanguageModel(L.LightningModule):
@@ -102,11 +108,23 @@ class LanguageModel(L.LightningModule):
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         inputs, targets = batch
         logits = self(inputs)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=IGNORED
+        )
+
+    def count_processed(self, inputs: torch.Tensor) -> None:
+        """Batches of records padded to their longest (instruction data) are shorter than the
+        context: the throughput callback counts the tokens and FLOPs of the latest batch's
+        length, padding included (it is computed)."""
+        length = inputs.size(1)
+        if length != self.tokens_per_sample:
+            self.tokens_per_sample = length
+            self.flops_per_sample = self.net.flops_per_token(length) * length
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> torch.Tensor:
+        self.count_processed(batch[0])
         loss = self._loss(batch)
         # Not on the progress bar: Lightning reads progress-bar values to the host every step.
         if is_logging_step(self):
@@ -114,14 +132,14 @@ class LanguageModel(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.val_loss(self._loss(batch), weight=batch[1].numel())
+        self.val_loss(self._loss(batch), weight=counted(batch[1]))
         self.log("val/loss", self.val_loss, prog_bar=True)
 
     def on_validation_epoch_end(self) -> None:
         self.log("val/bits_per_byte", self.val_loss.compute() * self.tokens_per_byte("val") / LN2)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.test_loss(self._loss(batch), weight=batch[1].numel())
+        self.test_loss(self._loss(batch), weight=counted(batch[1]))
         self.log("test/loss", self.test_loss)
 
     def on_test_epoch_end(self) -> None:
@@ -130,7 +148,8 @@ class LanguageModel(L.LightningModule):
         )
 
     def tokens_per_byte(self, split: str) -> float:
-        """Of the split's text, from a data module of tokens that knows it; 1 for bytes."""
+        """Of the split's text (of its responses, for instruction data), from a data module that
+        knows it; 1 for bytes."""
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
         ratio = getattr(datamodule, "tokens_per_byte", None)
         return float(ratio(split)) if callable(ratio) else 1.0
@@ -151,3 +170,8 @@ class LanguageModel(L.LightningModule):
         return configure_optimizers(
             self.net, self.optimizer, self.scheduler, int(self.trainer.estimated_stepping_batches)
         )
+
+
+def counted(targets: torch.Tensor) -> torch.Tensor:
+    """How many of a batch's targets the loss averages: its weight among the batches."""
+    return (targets != IGNORED).sum()

@@ -4,8 +4,10 @@ The corpus (`source`: stdlib, a file, a folder or a glob; never hidden files, fo
 shards or the output) is read as documents (files), each cut at line ends into pieces of at most
 65,536 characters; piece k goes to the validation or test split when (k x golden ratio) mod 1
 falls in their share, so every split samples the whole corpus. A BPE tokenizer is trained on the
-training split only. Worker processes tokenize the pieces in order, each piece followed by
-`<|endoftext|>`, into shards of at most `shard_tokens` tokens. Everything is written to a hidden
+training split only. Worker processes (`data/tokenizing_worker.py`: fresh interpreters that import
+no torch, started while the tokenizer trains) tokenize the pieces in order, each piece followed by
+`<|endoftext|>`, into shards of at most `shard_tokens` tokens; every worker has ended, and been
+waited for, when the command ends (SIGTERM included). Everything is written to a hidden
 folder beside `output` and renamed once complete, with `manifest.json` (settings, counts, SHA-256
 of each shard): a killed run leaves no folder that looks prepared, and the same command then
 starts over.
@@ -20,19 +22,19 @@ import json
 import logging
 import os
 import shutil
-import sys
+import signal
+import threading
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from ..data.text import GOLDEN_RATIO, corpus_files, unreadable
-from ..data.token_shards import (
+from ..data.corpus import GOLDEN_RATIO, corpus_files, unreadable
+from ..data.shard_format import (
     FORMAT,
     MANIFEST,
     SPLITS,
@@ -43,14 +45,22 @@ from ..data.token_shards import (
     unigram_bits,
 )
 from ..data.tokenizer import BYTES, BPETokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
-from ..errors import ConfigError
+from ..data.tokenizing import (
+    FIRST_TOKENS,
+    TokenizerWorkerError,
+    TokenizerWorkers,
+    seconds_since_start,
+)
+from ..errors import ConfigError, TrainingError
 from ..files import absolute
 from ..run.settings import check_whole, number, refuse, whole
+from ..run.stop_signals import STOPPED_BY_SIGNAL_EXIT_CODE
 from ..targets import allow
 
 log = logging.getLogger(__name__)
 
 PIECE_CHARACTERS = 64 * 1024
+BATCH_CHARACTERS = 128 * 1024  # a worker's unit of work: small, so that all finish together
 SETTINGS = (
     "source", "tokenizer", "vocab_size", "max_bytes", "val_fraction", "test_fraction",
     "shard_tokens",
@@ -276,39 +286,6 @@ def build_tokenizer(settings: dict[str, Any], train_pieces: list[str]) -> TextTo
         ) from error
 
 
-_worker_tokenizer: TextTokenizer | None = None
-
-
-def die_with_parent(parent: int) -> None:
-    """This process ends when `parent`, the process that started it, does, however that one
-    ends (a SIGKILL to it alone, as the out-of-memory killer sends, included). Linux only."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    set_parent_death_signal = 1  # PR_SET_PDEATHSIG
-    ctypes.CDLL(None, use_errno=True).prctl(set_parent_death_signal, signal.SIGKILL)
-    if os.getppid() != parent:  # it ended before the signal was asked for
-        os._exit(1)
-
-
-def start_worker(tokenizer_path: str, parent: int) -> None:
-    global _worker_tokenizer
-    die_with_parent(parent)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _worker_tokenizer = load_tokenizer(Path(tokenizer_path))
-
-
-def encode_pieces(pieces: list[str]) -> np.ndarray[Any, Any]:
-    assert _worker_tokenizer is not None
-    ids: list[int] = []
-    for piece in pieces:
-        ids.extend(_worker_tokenizer.encode(piece))
-        ids.append(_worker_tokenizer.end_of_text)
-    return np.asarray(ids, dtype=np.int64)
-
-
 class ShardWriter:
     """Appends tokens to `<split>-<n>.bin`, starting a new file every `shard_tokens`."""
 
@@ -325,7 +302,7 @@ class ShardWriter:
         self.shards.append({"file": name, "tokens": 0, "sha256": ""})
 
     def write(self, tokens: np.ndarray[Any, Any]) -> None:
-        data = tokens.astype(self.dtype)
+        data = tokens.astype(self.dtype, copy=False)
         while len(data):
             if self.file is None or self.shards[-1]["tokens"] >= self.limit:
                 self.open_next()
@@ -345,23 +322,31 @@ class ShardWriter:
             self.file = None
 
 
-def batches(pieces: list[str], size: int = 32) -> Iterator[list[str]]:
-    for start in range(0, len(pieces), size):
-        yield pieces[start : start + size]
+def batches(pieces: list[str]) -> list[list[str]]:
+    """Runs of consecutive pieces of BATCH_CHARACTERS or more (the last may be shorter)."""
+    runs: list[list[str]] = [[]]
+    size = 0
+    for piece in pieces:
+        if size >= BATCH_CHARACTERS:
+            runs.append([])
+            size = 0
+        runs[-1].append(piece)
+        size += len(piece)
+    return runs if runs[0] else []
 
 
 def tokenize_split(
     pieces: list[str], split: str, folder: Path, manifest: dict[str, Any], shard_tokens: int,
-    pool: ProcessPoolExecutor,
+    answers: Iterator[np.ndarray[Any, Any]],
 ) -> np.ndarray[Any, Any]:  # fmt: skip
-    """Writes the split's shards; returns its token counts by id."""
+    """Writes the split's shards from the workers' answers to its batches; returns its token
+    counts by id."""
     vocab = manifest["vocab_size"]
     writer = ShardWriter(folder, split, np.dtype(manifest["dtype"]), shard_tokens)
     counts = np.zeros(vocab, dtype=np.int64)
     progress = tqdm(total=len(pieces), desc=f"Tokenizing {split}", unit="piece", leave=False)
-    for batch, tokens in zip(
-        batches(pieces), pool.map(encode_pieces, batches(pieces)), strict=True
-    ):
+    for batch in batches(pieces):
+        tokens = next(answers)
         writer.write(tokens)
         counts += np.bincount(tokens, minlength=vocab)[:vocab]
         progress.update(len(batch))
@@ -374,6 +359,27 @@ def tokenize_split(
         "pieces": len(pieces),
     }
     return counts
+
+
+def worker_count(workers: int | None, max_bytes: int | None) -> int:
+    """`workers`, or one per core this process may run on; never more than `max_bytes` of text
+    makes batches (each split's last batch may be short)."""
+    if workers is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        workers = len(affinity(0)) if affinity else os.cpu_count() or 1
+    if max_bytes is not None:
+        workers = min(workers, max_bytes // BATCH_CHARACTERS + 1 + len(SPLITS))
+    return max(1, workers)
+
+
+class Stopped(SystemExit):
+    """SIGTERM while the workers tokenize: the command ends with exit code 143 once the staging
+    folder is removed and every worker has ended."""
+
+
+def stop(number: int, frame: FrameType | None) -> None:
+    log.warning("Stopped by %s: nothing written.", signal.Signals(number).name)
+    raise Stopped(STOPPED_BY_SIGNAL_EXIT_CODE)
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
@@ -399,24 +405,31 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     above = next(folder for folder in output.parents if folder.exists())
     if not above.is_dir():
         raise ConfigError(f"output={output} is inside {above}, a file: pick another output=...")
-    pieces = split_pieces(
-        settings["source"], settings["max_bytes"], settings["val_fraction"],
-        settings["test_fraction"], output,
-    )  # fmt: skip
-    tokenizer = build_tokenizer(settings, pieces["train"])
-    staging = staging_of(output)
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        staging.mkdir(parents=True)
-    except OSError as error:
-        raise ConfigError(
-            f"output={output} cannot be made ({error.strerror or error}): pick another output=..."
-        ) from None
-    try:
-        manifest = write_shards(tokenizer, pieces, settings, staging, cfg.workers)
-    except BaseException:
+    # The workers start while the corpus is read and the tokenizer trains. Until they tokenize,
+    # SIGTERM keeps its default action (the kernel then ends them with the command): a Python
+    # handler would wait for the training, which holds the interpreter for as long as it runs.
+    with TokenizerWorkers(worker_count(cfg.workers, settings["max_bytes"])) as workers:
+        pieces = split_pieces(
+            settings["source"], settings["max_bytes"], settings["val_fraction"],
+            settings["test_fraction"], output,
+        )  # fmt: skip
+        tokenizer = build_tokenizer(settings, pieces["train"])
+        staging = staging_of(output)
         shutil.rmtree(staging, ignore_errors=True)
-        raise
+        try:
+            staging.mkdir(parents=True)
+        except OSError as error:
+            raise ConfigError(
+                f"output={output} cannot be made ({error.strerror or error}): pick another "
+                "output=..."
+            ) from None
+        try:
+            manifest = write_shards(tokenizer, pieces, settings, staging, workers)
+        except BaseException as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(error, TokenizerWorkerError):
+                raise TrainingError(str(error)) from error
+            raise
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.exists():
         output.rmdir()  # empty, checked above
@@ -434,33 +447,47 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
 
 def write_shards(
     tokenizer: TextTokenizer, pieces: dict[str, list[str]], settings: dict[str, Any],
-    staging: Path, workers: int | None,
+    staging: Path, workers: TokenizerWorkers,
 ) -> dict[str, Any]:  # fmt: skip
     """The tokenizer, the shards of every split and their manifest, written into `staging`."""
     tokenizer.save(staging / TOKENIZER)
+    dtype = token_dtype(tokenizer.vocab_size)
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "settings": settings,
         "tokenizer": TOKENIZER,
         "vocab_size": tokenizer.vocab_size,
         "end_of_text": tokenizer.end_of_text,
-        "dtype": token_dtype(tokenizer.vocab_size).str,
+        "dtype": dtype.str,
         "splits": {},
     }
-    train_counts = None
-    with ProcessPoolExecutor(
-        workers or os.cpu_count() or 1, mp_context=get_context("spawn"), initializer=start_worker,
-        initargs=(str(staging / TOKENIZER), os.getpid()),
-    ) as pool:  # fmt: skip
-        for split in SPLITS:
-            counts = tokenize_split(
-                pieces[split], split, staging, manifest, settings["shard_tokens"], pool
+    workers.load(staging / TOKENIZER, dtype)
+    answers = first_logged(
+        workers.tokenize([batch for split in SPLITS for batch in batches(pieces[split])])
+    )
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if in_main_thread else None
+    try:
+        counts = {
+            split: tokenize_split(
+                pieces[split], split, staging, manifest, settings["shard_tokens"], answers
             )
-            train_counts = counts if split == "train" else train_counts
-    assert train_counts is not None
-    manifest["unigram_bits_per_token"] = unigram_bits(train_counts.astype(np.float64))
+            for split in SPLITS
+        }
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    manifest["unigram_bits_per_token"] = unigram_bits(counts["train"].astype(np.float64))
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def first_logged(answers: Iterator[np.ndarray[Any, Any]]) -> Iterator[np.ndarray[Any, Any]]:
+    """`answers`, logging when the first came back (the first-batch latency)."""
+    for index, tokens in enumerate(answers):
+        if index == 0 and (age := seconds_since_start()) is not None:
+            log.info(FIRST_TOKENS, age)
+        yield tokens
 
 
 if __name__ == "__main__":  # `python -m <package>.recipes.prepare` runs `<package>-prepare`

@@ -1,11 +1,14 @@
 """One live command per run directory. The lock is a POSIX record lock on `<run dir>/.lock`: the
 operating system drops it when its holder ends, however it ends, and forked DataLoader workers
-do not inherit it. The file holds the holder's process id and host, for the refusal message."""
+do not inherit it. The file names the holder: its process id and host, and its SLURM job where it
+runs in one (`<pid> on <host> (SLURM job <id>)`), for the refusal message and for a search that
+waits for a trial's job left running by an earlier launch."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +18,31 @@ from ..errors import ConfigError
 
 LOCK_NAME = ".lock"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+SLURM_JOB = re.compile(r"\(SLURM job (\S+)\)")
+
+
+class FolderInUse(ConfigError):
+    """The folder is held by a live command: the message names it."""
+
+
+def slurm_job() -> str | None:
+    """This process's SLURM job as squeue shows it (`<array job>_<task>` for a job of an array,
+    as a sweep's jobs are), or None outside SLURM."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def this_holder() -> str:
+    job = slurm_job()
+    return f"{os.getpid()} on {socket.gethostname()}" + (f" (SLURM job {job})" if job else "")
+
+
+def holder_job(owner: str) -> str | None:
+    """The SLURM job named in a holder's record (`holder`), if any."""
+    found = SLURM_JOB.search(owner)
+    return found.group(1) if found else None
 
 
 def first_process() -> bool:
@@ -24,7 +52,8 @@ def first_process() -> bool:
 
 
 def holder(folder: Path) -> str | None:
-    """Who holds `folder`'s lock ("<pid> on <host>"), or None when no live process does."""
+    """Who holds `folder`'s lock ("<pid> on <host>", with " (SLURM job <id>)" inside a SLURM
+    job), or None when no live process does."""
     path = folder / LOCK_NAME
     if not path.is_file():
         return None
@@ -54,13 +83,14 @@ def hold(folder: Path, elsewhere: str = "pick another run_name=...") -> Iterator
             fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             owner = os.pread(descriptor, 200, 0).decode(errors="replace").strip()
-            pid = owner.split()[0] if owner else "<pid>"
-            raise ConfigError(
+            job = holder_job(owner)
+            stop = f"scancel {job}" if job else f"kill {owner.split()[0] if owner else '<pid>'}"
+            raise FolderInUse(
                 f"{folder} is in use by process {owner or 'another process'} (a command still "
-                f"running there): wait for it to end, stop it (kill {pid}), or {elsewhere}"
+                f"running there): wait for it to end, stop it ({stop}), or {elsewhere}"
             ) from None
         os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        os.pwrite(descriptor, f"{this_holder()}\n".encode(), 0)
         yield
     finally:
         os.close(descriptor)

@@ -1,5 +1,5 @@
 """Where a run starts: its own newest checkpoint, another run's (`ckpt_path`), another run's
-weights only (`init_from`), or nothing."""
+weights only (`init_from`{% if cookiecutter.examples != "vision" %}, which may also be a Hugging Face GPT-2 folder{% endif %}), or nothing."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
 
 def start_from_weights(cfg: DictConfig, model: L.LightningModule, start: Start) -> None:
     """`init_from`: a new run from another run's weights, with a fresh optimizer, schedule and
-    step counter. With LoRA adapters only they train, and checkpoints hold only them."""
+    step counter. With LoRA adapters only they train, and checkpoints hold only them, with the
+    SHA-256 of the weights' file (of a folder's files) that a resumed run checks."""
     if not cfg.get("init_from"):
         return
     if cfg.get("ckpt_path"):
@@ -102,9 +103,10 @@ def start_from_weights(cfg: DictConfig, model: L.LightningModule, start: Start) 
         stored = read_fit_state(Path(start.path))
         recorded = stored.get("base_weights")
         if recorded and recorded["sha256"] != base["sha256"]:
+            restore = "those files" if Path(base["path"]).is_dir() else "that file"
             raise ConfigError(
                 f"init_from={base['path']} has changed since this run started from it (its "
-                f"checkpoint {start.path} was trained on other weights): restore that file, or "
+                f"checkpoint {start.path} was trained on other weights): restore {restore}, or "
                 "start a new run with another run_name=..."
             )
 

@@ -8,6 +8,7 @@ nothing is written before then, and the same command resumes. No torch here."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -22,18 +23,19 @@ _watched: tuple[signal.Signals, ...] = ()
 _sigterm_recorded = False
 _received: signal.Signals | None = None
 _before_the_run: signal.Signals | None = None
+_received_at: float | None = None  # Unix time
 
 
 def _record(number: int, frame: FrameType | None) -> None:
-    global _received
+    global _received, _received_at
     if _received is None:
-        _received = signal.Signals(number)
+        _received, _received_at = signal.Signals(number), time.time()
 
 
 def _record_before_the_run(number: int, frame: FrameType | None) -> None:
-    global _before_the_run
+    global _before_the_run, _received_at
     if _before_the_run is None:
-        _before_the_run = signal.Signals(number)
+        _before_the_run, _received_at = signal.Signals(number), time.time()
 
 
 WARNINGS = ("SIGUSR1", "SIGUSR2")
@@ -53,6 +55,11 @@ def record_from_startup(names: Iterable[str] = WARNINGS) -> None:
 def received() -> signal.Signals | None:
     """The first stop signal since `watch` began, if any."""
     return _received
+
+
+def received_at() -> float | None:
+    """When the first stop signal came (Unix time), if one has."""
+    return _received_at if _received is not None else None
 
 
 def reassert() -> None:
@@ -88,10 +95,12 @@ def ignore_warnings(names: Iterable[str] = WARNINGS) -> None:
 @contextmanager
 def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
     """Record stop signals for the duration of a run, then put the previous handlers back."""
-    global _watched, _received, _before_the_run, _sigterm_recorded
+    global _watched, _received, _before_the_run, _received_at, _sigterm_recorded
     numbers = tuple(signal.Signals[name] for name in names)
     previous: dict[signal.Signals, Any] = {n: signal.getsignal(n) for n in numbers}
     _watched, _received, _before_the_run = numbers, _before_the_run, None
+    if _received is None:
+        _received_at = None
     record_warnings()
     try:
         yield

@@ -12,8 +12,10 @@ STATUS_COLOURS = {
     "COMPLETED": "#4c78a8",
     "PRUNED": "#f2a541",
     "FAILED": "#d62728",
-    "UNKNOWN": "#9d9d9d",
+    "CANCELLED": "#8c564b",
 }
+# Any other status (UNKNOWN, SLURM's TIMEOUT, NODE_FAIL, ...).
+OTHER_COLOUR = "#9d9d9d"
 MAX_LABEL = 48
 
 
@@ -79,16 +81,15 @@ def draw_summary(path: Path, rows: list[dict[str, Any]], metric: str, mode: str 
     from matplotlib.patches import Patch
 
     labels = short_labels([str(row["overrides"]) for row in rows])
-    statuses = [
-        str(row["status"]) if row["status"] in STATUS_COLOURS else "UNKNOWN" for row in rows
-    ]
+    statuses = [str(row["status"]) for row in rows]
+    colours = [STATUS_COLOURS.get(status, OTHER_COLOUR) for status in statuses]
     values = [row["metrics"].get(metric) for row in rows]
     values = [float(v) if isinstance(v, (int, float)) else None for v in values]
     best = best_job(values, statuses, mode)
     figure, axes = plt.subplots(figsize=(8, 1.4 + 0.32 * len(rows)), layout="constrained")
     positions = range(len(rows))
     lengths = [v if v is not None and math.isfinite(v) else 0.0 for v in values]
-    axes.barh(positions, lengths, color=[STATUS_COLOURS[s] for s in statuses], height=0.7)
+    axes.barh(positions, lengths, color=colours, height=0.7)
     for index, value in enumerate(values):
         text = significant(value) if value is not None else f"no result ({statuses[index].lower()})"
         if index == best:
@@ -96,16 +97,16 @@ def draw_summary(path: Path, rows: list[dict[str, Any]], metric: str, mode: str 
         axes.annotate(
             text, (lengths[index], index), xytext=(4, 0), textcoords="offset points", va="center",
             fontsize=8, fontweight="bold" if index == best else "normal",
-            color="black" if value is not None else STATUS_COLOURS[statuses[index]],
+            color="black" if value is not None else colours[index],
         )  # fmt: skip
     axes.set_yticks(list(positions), labels, fontsize=8)
     axes.invert_yaxis()
     axes.set_xlabel(f"{metric} ({'higher' if mode == 'max' else 'lower'} is better)")
     axes.margins(x=0.25)
     axes.set_title(f"{metric} by job", fontsize=10)
-    shown = [s for s in STATUS_COLOURS if s in statuses]
+    shown = sorted(set(statuses), key=[*STATUS_COLOURS, *statuses].index)
     axes.legend(
-        handles=[Patch(color=STATUS_COLOURS[s], label=s.lower()) for s in shown],
+        handles=[Patch(color=STATUS_COLOURS.get(s, OTHER_COLOUR), label=s.lower()) for s in shown],
         fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
     )  # fmt: skip
     figure.savefig(path, dpi=110)

@@ -70,7 +70,6 @@ def shared_settings_problem(config: DictConfig) -> str | None:
     return None
 
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 MOST_JOBS_CHECKED = 256  # each costs a composition of the config (Hydra composes each once more)
 
 
@@ -132,6 +131,31 @@ def record_job_status(output_dir: Path, status: str, reason: str | None = None) 
         write_text_atomically(json.dumps(record) + "\n", output_dir / "job_status.json")
 
 
+def record_job_ended_outside(job_dir: Path, overrides: list[str], status: str, reason: str) -> None:
+    """The status of a job that its scheduler ended before the job could record one (SLURM's
+    CANCELLED, TIMEOUT, ...), and, for a job that never started, its overrides as Hydra records
+    them: the summary lists it either way."""
+    recorded = job_dir / ".hydra" / "overrides.yaml"
+    if not recorded.is_file():
+        recorded.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(OmegaConf.to_yaml(OmegaConf.create(overrides)), recorded)
+    record_job_status(job_dir, status, reason)
+
+
+def returned_to_sweeper(config: DictConfig, job_return: JobReturn) -> JobReturn:
+    """A failed job as the sweeper should get it back. Hydra's basic sweeper would raise the first
+    failure once its batch has run, skipping on_multirun_end (no summary picture) and printing
+    lines of its own; the failure is recorded in the job's folder and reported in one line by
+    on_multirun_end, so the job goes back to it as finished. Other sweepers (Optuna) get the
+    failure."""
+    if (
+        job_return.status == JobStatus.FAILED
+        and config.hydra.sweeper.get("_target_") == BASIC_SWEEPER
+    ):
+        job_return.status, job_return.return_value = JobStatus.COMPLETED, None
+    return job_return
+
+
 def status_stamps(sweep_dir: Path) -> dict[Path, int]:
     """When each job's status was last recorded: a stamp that changed is this launch's."""
     stamps = {}
@@ -172,12 +196,7 @@ class SweepSummary(Callback):
                 output_dir / f"{config.get('task_name', 'train')}.log",
             )
             record_job_status(output_dir, job_return.status.name, reason)
-            if config.hydra.sweeper.get("_target_") == BASIC_SWEEPER:
-                # Hydra's basic sweeper would raise the first failure once its batch has run,
-                # skipping on_multirun_end (no summary picture) and printing lines of its own.
-                # The failure is recorded above and reported in one line by on_multirun_end, so
-                # the job goes back to the sweeper as finished.
-                job_return.status, job_return.return_value = JobStatus.COMPLETED, None
+            returned_to_sweeper(config, job_return)
         else:
             record_job_status(output_dir, job_return.status.name)
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -212,15 +231,19 @@ def rounded(overrides: str) -> str:
 
 
 def failures(failed: list[dict[str, Any]], launched: int, sweep_dir: Path) -> str:
-    """One line: how many of this launch's jobs failed, which, and the first one's error."""
+    """One line: how many of this launch's jobs failed (or ended otherwise: CANCELLED, ...),
+    which, and the first one's error."""
     named = ", ".join(
-        f"#{row['job']} ({rounded(row['overrides'])})" for row in failed[:NAMED_FAILURES]
+        f"#{row['job']} ({rounded(row['overrides'])})"
+        + (f" {row['status']}" if row["status"] != "FAILED" else "")
+        for row in failed[:NAMED_FAILURES]
     )
     more = f" and {len(failed) - NAMED_FAILURES} more" if len(failed) > NAMED_FAILURES else ""
     first = " ".join(str(failed[0]["reason"] or "no error recorded").split())
     first = first if len(first) <= 300 else first[:299] + "…"
+    ended = "failed" if all(row["status"] == "FAILED" for row in failed) else "did not complete"
     return (
-        f"{len(failed)} of {launched} jobs failed: {named}{more}. Job #{failed[0]['job']}: "
+        f"{len(failed)} of {launched} jobs {ended}: {named}{more}. Job #{failed[0]['job']}: "
         f"{first.rstrip('.')}. Summary: {sweep_dir / 'summary.md'}; each job's log is in its "
         "folder."
     )

@@ -7,7 +7,7 @@ memory-efficient attention kernels on GPUs that have them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,7 @@ def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     at GPT-2-small size, for once the weights' memory more)."""
     if (
         type(layer) is not nn.Linear
+        or torch.compiler.is_compiling()
         or x.device.type != "cpu"
         or torch.is_grad_enabled()
         or x.numel() != x.size(-1)
@@ -76,15 +77,19 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, seq, channels = x.shape
         q, k, v = project(self.qkv, x).split(channels, dim=2)
         shape = (batch, seq, self.n_head, channels // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         past = cache.length if cache is not None else 0
-        mask = None
-        if past > 0 and seq > 1:
+        mask = attn_mask
+        if mask is None and past > 0 and seq > 1:
             # New positions see every cached one and, among themselves, those before them.
             mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device)
             mask = mask.tril(diagonal=past)
@@ -94,7 +99,7 @@ class CausalSelfAttention(nn.Module):
         # fastest kernel for the step that generation repeats.
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=past == 0 and seq > 1,
+            is_causal=mask is None and past == 0,
         )  # fmt: skip
         y = y.transpose(1, 2).contiguous().view(batch, seq, channels)
         return self.resid_dropout(project(self.proj, y))
@@ -120,9 +125,13 @@ class Block(nn.Module):
         self.mlp = MLP(n_embd, dropout, bias)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, layer)
+        x = x + self.attn(self.ln_1(x), cache, layer, attn_mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -180,19 +189,38 @@ class GPT(nn.Module):
         head_dim = self.n_embd // self.n_head
         return 6 * self.num_params() + 12 * self.n_layer * self.n_head * head_dim * seq_len
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits (batch, seq, vocab) of `idx` (batch, seq), after the cached positions if any.
+        A batch of sequences of different lengths comes left-padded, with `padding_mask` (batch,
+        cached + seq), True at real tokens: each row's positions count its own tokens and no
+        position attends to padding, so a row gets the logits it gets alone."""
         seq = idx.size(1)
         start = cache.length if cache is not None else 0
         if start + seq > self.block_size:
             raise ValueError(f"sequence length {start + seq} exceeds block_size {self.block_size}")
-        pos = torch.arange(start, start + seq, device=idx.device)
+        attn_mask = None
+        if padding_mask is None:
+            pos = torch.arange(start, start + seq, device=idx.device)
+        else:
+            if padding_mask.shape != (idx.size(0), start + seq):
+                raise ValueError(
+                    f"padding_mask has shape {tuple(padding_mask.shape)}; it needs one column "
+                    f"for each cached and new position: {(idx.size(0), start + seq)}"
+                )
+            pos = (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)[:, start:]
+            attn_mask = attention_to_real_tokens(padding_mask.bool(), seq)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for layer, block in enumerate(self.blocks):
             if self.activation_checkpointing and self.training:
                 # Keep only each block's input; recompute its activations in the backward pass.
                 x = checkpoint(block, x, use_reentrant=False)
             else:
-                x = block(x, cache, layer)
+                x = block(x, cache, layer, attn_mask)
         if cache is not None:
             cache.length += seq
         return project(self.lm_head, self.ln_f(x))
@@ -204,30 +232,81 @@ class GPT(nn.Module):
     def generate(
         self,
         idx: torch.Tensor,
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         temperature: float = 1.0,
         top_k: int | None = None,
         kv_cache: bool = True,
         generator: torch.Generator | None = None,
         on_token: Callable[[torch.Tensor], None] | None = None,
+        padding_mask: torch.Tensor | None = None,
+        stop_token: int | None = None,
     ) -> torch.Tensor:
         """Sample `max_new_tokens` continuations of `idx` (batch, seq); temperature 0 takes the
         most likely token. The context is the last `block_size` tokens: with the cache, a full
-        cache is refilled from that window, so both ways give the same logits."""
+        cache is refilled from that window, so both ways give the same logits.
+
+        Prompts of different lengths come left-padded, with `padding_mask` (batch, seq) True at
+        real tokens, and `max_new_tokens` may be one count for each row: each row gets the tokens
+        it gets alone. A row ends after its own count or at `stop_token` (which it keeps); the
+        loop ends when every row has, and a row's positions after its end hold `stop_token` (0
+        without one)."""
+        rows = idx.size(0)
+        counts = (
+            [max_new_tokens] * rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        )
+        if len(counts) != rows:
+            raise ValueError(f"max_new_tokens has {len(counts)} counts for {rows} rows")
+        real = None
+        if padding_mask is not None:
+            if padding_mask.shape != idx.shape or not bool(padding_mask[:, -1].all()):
+                raise ValueError(
+                    "padding_mask must have the shape of idx and mark each row's last token real "
+                    "(prompts are padded on the left)"
+                )
+            real = padding_mask.bool()
+        # Rows that end apart: each row's end is tracked (one device sync a token).
+        tracked = not isinstance(max_new_tokens, int) or stop_token is not None
+        limits = torch.tensor(counts, device=idx.device)
+        ended = limits <= 0
+        filler = 0 if stop_token is None else stop_token
         cache = None
-        for _ in range(max_new_tokens):
+        for step in range(max(counts, default=0)):
+            window = None if real is None else real[:, -self.block_size :]
             if not kv_cache:
-                logits = self(idx[:, -self.block_size :])
+                logits = self(idx[:, -self.block_size :], padding_mask=window)
             elif cache is None or cache.length >= self.block_size:
                 cache = self.new_cache()
-                logits = self(idx[:, -self.block_size :], cache)
+                logits = self(idx[:, -self.block_size :], cache, window)
             else:
-                logits = self(idx[:, -1:], cache)
+                window = None if real is None else real[:, -(cache.length + 1) :]
+                logits = self(idx[:, -1:], cache, window)
             next_token = sample(logits[:, -1, :], temperature, top_k, generator)
+            if tracked:
+                next_token = next_token.masked_fill(ended[:, None], filler)
+                ended |= limits <= step + 1
+                if stop_token is not None:
+                    ended |= next_token[:, 0] == stop_token
             idx = torch.cat((idx, next_token), dim=1)
+            if real is not None:
+                real = torch.cat((real, real.new_ones(rows, 1)), dim=1)
             if on_token is not None:
                 on_token(next_token)
+            if tracked and bool(ended.all()):
+                break
         return idx
+
+
+def attention_to_real_tokens(real: torch.Tensor, seq: int) -> torch.Tensor:
+    """The attention mask (batch, 1, seq, keys) of the last `seq` of `real`'s (batch, keys)
+    positions: each sees the real positions up to itself, and itself (a padding position would
+    otherwise see nothing, and its NaN reach the others through the keys)."""
+    keys = real.size(1)
+    past = keys - seq
+    causal = torch.ones(seq, keys, dtype=torch.bool, device=real.device).tril(diagonal=past)
+    itself = torch.arange(keys, device=real.device) == torch.arange(
+        past, keys, device=real.device
+    ).unsqueeze(1)
+    return ((causal & real[:, None, None, :]) | itself).reshape(real.size(0), 1, seq, keys)
 
 
 def sample(

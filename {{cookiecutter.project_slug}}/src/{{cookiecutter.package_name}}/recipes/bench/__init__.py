@@ -3,12 +3,15 @@
     {{ cookiecutter.package_name }}-bench{% if cookiecutter.examples != "vision" %} experiment=gpt2_small trainer=gpu{% endif %} bench.steps=50
 {%- if cookiecutter.examples != "vision" %}
     {{ cookiecutter.package_name }}-bench experiment=language bench.generation=true
+    {{ cookiecutter.package_name }}-bench bench.prepare=true bench.repeats=5
 {%- endif %}
 
 By default it times the training step, in Lightning and in plain PyTorch (`training`); with
 `bench.generation=true`, a language model's generation speed with and without its key/value
-cache (`generation`); with `bench.checkpointing=true` under `strategy=model_parallel`, how long
-each way of writing checkpoints holds training up (`checkpointing`).
+cache (`generation`){% if cookiecutter.examples != "vision" %}; with `bench.prepare=true`, the prepare command against a plain
+`tokenizers` + numpy script on the same corpus (`preparation`){% endif %}; with
+`bench.checkpointing=true` under `strategy=model_parallel`, how long each way of writing
+checkpoints holds training up (`checkpointing`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ def main(cfg: DictConfig) -> None:
             from .generation import bench_generation
 
             bench_generation(cfg)
+{%- if cookiecutter.examples != "vision" %}
+        elif cfg.bench.get("prepare"):
+            from .preparation import bench_preparation
+
+            bench_preparation(cfg)
+{%- endif %}
         elif cfg.bench.get("checkpointing"):
             from .checkpointing import bench_checkpointing
 

@@ -1,0 +1,511 @@
+"""The serve command as a user runs it: a real server process on a free loopback port, asked
+over HTTP. Answers equal the model's own, concurrent requests run batched, bad requests get a
+4xx and one JSON line, a hostile checkpoint is refused before anything listens, and a stop
+signal ends the server and every process of it."""
+
+from __future__ import annotations
+
+import asyncio
+{%- if cookiecutter.examples != "language" %}
+import base64
+{%- endif %}
+{%- if cookiecutter.examples != "vision" %}
+import contextlib
+{%- endif %}
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.checkpointing.trained import (
+    Trained,
+    rebuild,
+)
+from {{ cookiecutter.package_name }}.errors import (
+    ConfigError,
+)
+{%- if cookiecutter.examples != "vision" %}
+from {{ cookiecutter.package_name }}.models.nets.gpt import (
+    GPT,
+)
+{%- endif %}
+from {{ cookiecutter.package_name }}.recipes.serve import (
+    serve,
+)
+
+from .helpers import PACKAGE, compose_config, run_cli
+from .killing import entry_point as entry
+from .killing import signal_group, start
+{%- if cookiecutter.examples != "language" %}
+from .test_use_vision import png_claiming, write_digit
+{%- endif %}
+
+QUIET = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
+SERVING = re.compile(r"Serving at (http://\S+)")
+
+
+class Server:
+    """The serve command in its own process group, its output collected as it comes."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        # One thread: the tests' models are tiny, and the machine's cores are shared.
+        self.process = start(["port=0", *args], cwd, {"OMP_NUM_THREADS": "1"}, entry="serve")
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self.read, daemon=True)
+        self.reader.start()
+        self.url = self.wait_until_serving()
+
+    def read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_until_serving(self, timeout: float = 180) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                found = SERVING.search(line)
+                if found:
+                    return found.group(1)
+            if self.process.poll() is not None:
+                self.reader.join(timeout=10)
+                raise AssertionError(f"the server ended:\n{self.output()[-5000:]}")
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"not serving after {timeout} s:\n{self.output()[-5000:]}")
+
+    def stop(self, signal_number: int = signal.SIGTERM, timeout: float = 60) -> int:
+        self.process.send_signal(signal_number)
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running {timeout} s after {signal_number!r}") from None
+        self.reader.join(timeout=10)
+        return code
+
+    def kill(self) -> None:
+        signal_group(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def processes_left(self) -> bool:
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def serving_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve")
+
+
+def one_line_error(response: httpx.Response, status: int, *words: str) -> None:
+    text = response.text
+    assert response.status_code == status, (response.status_code, text)
+    assert text.count("\n") == 0 and text.startswith("{"), text
+    message = response.json()["error"]
+    assert all(word in message for word in words), message
+
+
+def rebuilt(ckpt: Path, tmp_path: Path) -> Trained:
+    """The checkpoint's model and data as the commands rebuild them, here in the test."""
+    trained = rebuild(compose_config("serve", [f"ckpt_path={ckpt}"], tmp_path))
+    trained.model.eval()
+    return trained
+
+
+async def ask_together(url: str, requests: list[Any]) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Every request at once; each answer's status and JSON lines."""
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def ask(request: Any) -> tuple[int, list[dict[str, Any]]]:
+            content = request if isinstance(request, bytes) else json.dumps(request).encode()
+            response = await client.post(url, content=content)
+            return response.status_code, [json.loads(line) for line in response.text.splitlines()]
+
+        return await asyncio.gather(*(ask(request) for request in requests))
+
+
+def test_python_dash_m_on_the_recipe_module_runs_the_command(tmp_path: Path) -> None:
+    result = run_cli("-m", f"{PACKAGE}.recipes.serve", "--cfg", "job", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "task_name: serve\n" in result.stdout
+
+
+class RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_hostile_checkpoint_is_refused_before_anything_listens(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "hostile.ckpt"
+    torch.save({"state_dict": {}, "run_config": RunsCode(marker)}, hostile)
+    result = run_cli(*entry("serve"), f"ckpt_path={hostile}", "port=0", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    assert str(hostile) in lines[0] and "Serving at" not in result.stdout
+    assert not marker.exists()
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_taken_port_gets_one_line_before_the_checkpoint_is_read(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(*entry("serve"), "ckpt_path=missing.ckpt", f"port={port}", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    assert f"cannot listen on 127.0.0.1 port {port}" in lines[0] and "port=0" in lines[0]
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("max_batch_size=0", "max_batch_size=0"),
+        ("batch_timeout=-1", "batch_timeout=-1"),
+        ("device=tpu", "device='tpu'"),
+        ("port=70000", "port=70000"),
+        ("host=''", "host=''"),
+        ("max_new_tokens=5000", "limits.max_new_tokens=2048"),
+        ("temperature=nan", "temperature=nan"),
+        ("limits.request_bytes=0", "limits.request_bytes=0"),
+    ],
+)
+def test_settings_a_server_cannot_use_are_refused(setting: str, words: str, tmp_path: Path) -> None:
+    cfg = compose_config("serve", ["ckpt_path=missing.ckpt", setting], tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        serve(cfg)
+{%- if cookiecutter.examples != "vision" %}
+
+
+# The language model: prompts of different lengths batched give what each gives alone.
+
+
+def tiny_gpt(block_size: int = 16) -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=256, block_size=block_size, n_layer=2, n_head=2, n_embd=32).eval()
+
+
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(prompt) for prompt in prompts)
+    idx = torch.zeros(len(prompts), longest, dtype=torch.long)
+    real = torch.zeros(len(prompts), longest, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        idx[row, longest - len(prompt) :] = prompt
+        real[row, longest - len(prompt) :] = True
+    return idx, real
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_a_padded_batch_gives_each_row_what_it_gives_alone(kv_cache: bool) -> None:
+    """Greedy, past the context (16) too, each row ending at its own count or stop token."""
+    net = tiny_gpt()
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=generator) for n in (3, 9, 1, 16, 6)]
+    counts = [20, 5, 12, 1, 30]
+    alone = [
+        net.generate(prompt[None], count, temperature=0, kv_cache=kv_cache)[0, len(prompt) :]
+        for prompt, count in zip(prompts, counts, strict=True)
+    ]
+    idx, real = left_padded(prompts)
+    batched = net.generate(idx, counts, temperature=0, kv_cache=kv_cache, padding_mask=real)
+    assert batched.shape == (5, idx.size(1) + 30)
+    for row, tokens in enumerate(alone):
+        assert torch.equal(batched[row, idx.size(1) : idx.size(1) + counts[row]], tokens), row
+    # A stop token that row 0 makes at its third step: it ends there, keeping it, and the rest
+    # of its row holds the stop token; the other rows end where they make it, if they do.
+    stop = int(alone[0][2])
+    stopped = net.generate(idx, counts, temperature=0, kv_cache=kv_cache, padding_mask=real,
+                           stop_token=stop)  # fmt: skip
+    for row, tokens in enumerate(alone):
+        new = stopped[row, idx.size(1) :].tolist()
+        made = tokens.tolist()
+        end = made.index(stop) + 1 if stop in made else len(made)
+        assert new[:end] == made[:end], row
+        assert all(token == stop for token in new[end:]), row
+    assert stopped[0, idx.size(1) + 2] == stop
+
+
+def test_a_padded_forward_gives_each_row_the_logits_it_gives_alone() -> None:
+    net = tiny_gpt()
+    prompts = [torch.randint(0, 256, (n,)) for n in (4, 11, 1)]
+    idx, real = left_padded(prompts)
+    with torch.no_grad():
+        batched = net(idx, padding_mask=real)
+        for row, prompt in enumerate(prompts):
+            alone = net(prompt[None])[0]
+            torch.testing.assert_close(batched[row, -len(prompt) :], alone, atol=1e-5, rtol=1e-5)
+        # In pieces through the cache, as generation runs.
+        cache = net.new_cache()
+        first = net(idx[:, :6], cache, real[:, :6])
+        rest = net(idx[:, 6:], cache, real)
+        torch.testing.assert_close(torch.cat([first, rest], dim=1), batched, atol=1e-5, rtol=1e-5)
+
+
+TINY = ["model.net.n_layer=1", "model.net.n_embd=64", "model.net.n_head=2", "data.block_size=64"]
+
+
+@pytest.fixture(scope="module")
+def language_checkpoint(serving_dir: Path) -> Path:
+    """The byte-level language example, trained for a few steps."""
+    cwd = serving_dir / "language"
+    cwd.mkdir()
+    result = run_cli(
+        "-m", PACKAGE, *QUIET, "experiment=language", *TINY, "data.max_bytes=100000",
+        "trainer.max_steps=10", "trainer.val_check_interval=10", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=1", "run_name=base", cwd=cwd,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd / "logs" / "train" / "runs" / "base" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def language_server(language_checkpoint: Path, serving_dir: Path) -> Iterator[Server]:
+    server = Server(
+        [f"ckpt_path={language_checkpoint}", "batch_timeout=0.2", "limits.request_bytes=4096"],
+        serving_dir / "language",
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def language_net(language_checkpoint: Path, serving_dir: Path) -> GPT:
+    net: GPT = rebuilt(language_checkpoint, serving_dir / "rebuilt").model.net  # type: ignore[assignment]
+    return net
+
+
+def greedy(net: GPT, prompt: str, count: int) -> str:
+    tokens = list(prompt.encode())
+    out = net.generate(torch.tensor([tokens]), count, temperature=0)[0, len(tokens) :]
+    return bytes(out.tolist()).decode("utf-8", errors="replace")
+
+
+def test_greedy_answers_are_the_models_own(language_server: Server, language_net: GPT) -> None:
+    """One prompt at a time, a full context (64 bytes) and past it."""
+    for prompt, count in [("def main(", 30), ("x" * 64, 100), ("é", 3)]:
+        response = httpx.post(f"{language_server.url}/generate", timeout=120, json={
+            "prompt": prompt, "max_new_tokens": count, "temperature": 0,
+        })  # fmt: skip
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["completion"] == greedy(language_net, prompt, count)
+        assert answer["tokens"] == count and answer["finish_reason"] == "length"
+
+
+def test_a_stream_comes_token_by_token_and_adds_up_to_the_answer(language_server: Server) -> None:
+    request = {"prompt": "import os\n", "max_new_tokens": 300, "temperature": 0}
+    whole = httpx.post(f"{language_server.url}/generate", json=request, timeout=120).json()
+    arrivals, events = [], []
+    began = time.monotonic()
+    with httpx.stream("POST", f"{language_server.url}/generate", timeout=120,
+                      json={**request, "stream": True}) as response:  # fmt: skip
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        for line in response.iter_lines():
+            arrivals.append(time.monotonic() - began)
+            events.append(json.loads(line))
+    *pieces, done = events
+    assert done == {"done": True, "tokens": 300, "finish_reason": "length", "batch_size": 1}
+    assert "".join(piece["text"] for piece in pieces) == whole["completion"]
+    assert len(pieces) >= 200, "one line a token (a character split over bytes waits)"
+    assert arrivals[0] < arrivals[-1] / 2, "the first token came long before the last"
+
+
+def test_concurrent_requests_run_batched_and_each_gets_its_own_answer(
+    language_server: Server, language_net: GPT
+) -> None:
+    """20 prompts of different lengths asking for different counts, some streamed, and two bad
+    requests among them that fail alone."""
+    prompts = [f"{'#' * (index % 7)}def f{index}(" for index in range(20)]
+    counts = [5 + (index * 7) % 40 for index in range(20)]
+    requests: list[Any] = [
+        {"prompt": prompt, "max_new_tokens": count, "temperature": 0, "stream": index % 3 == 0}
+        for index, (prompt, count) in enumerate(zip(prompts, counts, strict=True))
+    ]
+    requests[7:7] = [b"not json", {"prompt": "x" * 65}]
+    answers = asyncio.run(ask_together(f"{language_server.url}/generate", requests))
+    assert [status for status, _ in answers[7:9]] == [400, 400]
+    del answers[7:9]
+    sizes = []
+    for index, (status, events) in enumerate(answers):
+        assert status == 200, events
+        if index % 3 == 0:
+            *pieces, done = events
+            completion = "".join(piece["text"] for piece in pieces)
+        else:
+            (done,) = events
+            completion = done["completion"]
+        assert completion == greedy(language_net, prompts[index], counts[index]), index
+        assert done["tokens"] == counts[index]
+        sizes.append(done["batch_size"])
+    assert max(sizes) >= 4, sizes
+
+
+def test_bad_requests_get_a_4xx_and_one_json_line(language_server: Server) -> None:
+    url = f"{language_server.url}/generate"
+    cases: list[tuple[Any, int, tuple[str, ...]]] = [
+        (b"{nope", 400, ("not JSON",)),
+        (b"\xff\xfe", 400, ("not JSON",)),
+        (b"[" * 3000, 400, ("nests deeper",)),
+        ([1, 2], 400, ("JSON object",)),
+        ({}, 400, ("prompt is missing",)),
+        ({"prompt": 5}, 400, ("prompt must be a string",)),
+        ({"prompt": ""}, 400, ("empty",)),
+        ({"prompt": "", "stream": True}, 400, ("empty",)),
+        (b'{"prompt": "\\ud800"}', 400, ("not valid Unicode",)),
+        ({"prompt": "x" * 65}, 400, ("65 tokens", "context of 64")),
+        ({"prompt": "hi", "max_new_tokens": 0}, 400, ("max_new_tokens=0",)),
+        ({"prompt": "hi", "max_new_tokens": 5000}, 400, ("max_new_tokens=5000", "limit of 2048")),
+        ({"prompt": "hi", "max_new_tokens": "5"}, 400, ('max_new_tokens="5"',)),
+        ({"prompt": "hi", "max_new_tokens": True}, 400, ("max_new_tokens=true",)),
+        ({"prompt": "hi", "temperature": -1}, 400, ("temperature=-1",)),
+        ({"prompt": "hi", "temperature": "hot"}, 400, ('temperature="hot"',)),
+        ({"prompt": "hi", "top_k": 0}, 400, ("top_k=0",)),
+        ({"prompt": "hi", "stream": "yes"}, 400, ('stream="yes"',)),
+        ({"prompt": "hi", "colour": "red"}, 400, ("unknown field(s) colour",)),
+        (b'{"prompt": "' + b"x" * 5000 + b'"}', 413, ("limit of 4096 bytes",)),
+    ]
+    for body, status, words in cases:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        one_line_error(httpx.post(url, content=content, timeout=60), status, *words)
+    one_line_error(httpx.post(f"{language_server.url}/classify", json={}), 404, "POST /generate")
+    one_line_error(httpx.get(url), 405, "POST /generate")
+    health = httpx.get(f"{language_server.url}/health").json()
+    assert health == {"status": "ok", "model": "language"}
+{%- endif %}
+{%- if cookiecutter.examples != "language" %}
+
+
+# The image classifier: digits images in, their top-k classes out.
+
+
+@pytest.fixture(scope="module")
+def digits_checkpoint(serving_dir: Path) -> Path:
+    cwd = serving_dir / "digits"
+    cwd.mkdir()
+    result = run_cli("-m", PACKAGE, *QUIET, "experiment=digits", "trainer.max_epochs=3",
+                     "run_name=digits", cwd=cwd)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd / "logs" / "train" / "runs" / "digits" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def digits_server(digits_checkpoint: Path, serving_dir: Path) -> Iterator[Server]:
+    server = Server([f"ckpt_path={digits_checkpoint}", "batch_timeout=0.2"], serving_dir / "digits")
+    yield server
+    server.stop()
+
+
+def encoded(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def test_images_get_the_models_top_classes_batched(
+    digits_server: Server, digits_checkpoint: Path, tmp_path: Path
+) -> None:
+    from {{ cookiecutter.package_name }}.data.digits import (
+        load_digits,
+    )
+
+    images, labels = load_digits()
+    paths = []
+    for index in range(12):
+        paths.append(tmp_path / f"{index}.png")
+        write_digit(images[index], paths[-1], scale=1 + index % 4)
+    requests = [{"image": encoded(path), "top_k": 3} for path in paths]
+    answers = asyncio.run(ask_together(f"{digits_server.url}/classify", requests))
+    trained = rebuilt(digits_checkpoint, tmp_path / "rebuilt")
+    datamodule: Any = trained.datamodule
+    read = datamodule.images_from_files(paths)
+    with torch.no_grad():
+        batch = datamodule.on_after_batch_transfer((read, torch.zeros(len(paths))), 0)
+        expected = trained.model.predict_step(batch, 0).topk(3, dim=1)
+    correct = 0
+    for (status, (answer,)), classes, chances, label in zip(
+        answers, expected.indices.tolist(), expected.values.tolist(), labels[:12].tolist(),
+        strict=True,
+    ):  # fmt: skip
+        assert status == 200, answer
+        assert [item["class"] for item in answer["classes"]] == classes
+        probabilities = [item["probability"] for item in answer["classes"]]
+        assert probabilities == pytest.approx(chances, abs=1e-5)
+        correct += classes[0] == label
+    assert correct >= 6, answers
+    assert max(answer["batch_size"] for _, (answer,) in answers) >= 4, answers
+    response = httpx.post(f"{digits_server.url}/classify", json={"image": encoded(paths[0])})
+    assert len(response.json()["classes"]) == 3, "top_k_classes when the request does not say"
+
+
+def test_bad_images_get_a_4xx_and_one_json_line(digits_server: Server, tmp_path: Path) -> None:
+    url = f"{digits_server.url}/classify"
+    bomb = base64.b64encode(png_claiming(5000, 5000)).decode()
+    cases: list[tuple[Any, int, tuple[str, ...]]] = [
+        ({"image": "not base64!"}, 400, ("not base64",)),
+        ({"image": base64.b64encode(b"no image here").decode()}, 400, ("does not decode",)),
+        ({"image": bomb}, 413, ("5000x5000 pixels",)),
+        ({"image": 5}, 400, ("image must be a string",)),
+        ({"picture": "x"}, 400, ("unknown field(s) picture",)),
+        ({"image": base64.b64encode(png_claiming(1, 1)).decode(), "top_k": 0}, 400, ("top_k=0",)),
+    ]
+    for body, status, words in cases:
+        one_line_error(httpx.post(url, json=body, timeout=60), status, *words)
+    one_line_error(httpx.post(f"{digits_server.url}/generate", json={}), 404, "POST /classify")
+{%- endif %}
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_stop_signal_ends_the_server_and_leaves_no_process(
+{%- if cookiecutter.examples != "vision" %}
+    language_checkpoint: Path, tmp_path: Path, signal_number: int
+{%- else %}
+    digits_checkpoint: Path, tmp_path: Path, signal_number: int
+{%- endif %}
+) -> None:
+{%- if cookiecutter.examples != "vision" %}
+    """Also while it streams an answer (which gets `shutdown_timeout` seconds to finish)."""
+    server = Server([f"ckpt_path={language_checkpoint}", "shutdown_timeout=1"], tmp_path)
+    request = {"prompt": "def main(", "max_new_tokens": 2000, "stream": True}
+    with httpx.stream("POST", f"{server.url}/generate", json=request, timeout=60) as response:
+        lines = response.iter_lines()
+        next(lines)
+        began = time.monotonic()
+        code = server.stop(signal_number)
+        with contextlib.suppress(httpx.HTTPError):
+            for _ in lines:
+                pass
+{%- else %}
+    server = Server([f"ckpt_path={digits_checkpoint}"], tmp_path)
+    began = time.monotonic()
+    code = server.stop(signal_number)
+{%- endif %}
+    assert code == 0, server.output()[-3000:]
+    assert time.monotonic() - began < 30
+    assert f"Stopped by {signal.Signals(signal_number).name}" in server.output()
+    assert not server.processes_left()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health")
