@@ -219,6 +219,9 @@ BAD_RECORDS: dict[str, tuple[str, tuple[str, ...]]] = {
         '{"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}',
         ("line 2", 'message 2 has the role "bot"', "system, user or assistant"),
     ),
+    "role a list": (
+        '{"messages": [{"role": ["user"], "content": "a"}]}', ("line 2", 'the role ["user"]'),
+    ),
     "content a list": (
         '{"messages": [{"role": "user", "content": ["a"]}]}', ("line 2", "content is a list"),
     ),
@@ -385,12 +388,12 @@ def test_full_and_lora_fine_tuning_from_a_trained_model_lower_the_response_loss(
     checkpoints hold, naming the base they adapt."""
     result = run_cli(
         "-m", PACKAGE, *QUIET, f"experiment={experiment}", *SMALL, f"init_from={base}",
-        "trainer.max_steps=20", "trainer.val_check_interval=20", "run_name=tuned", cwd=tmp_path,
+        "trainer.max_steps=40", "trainer.val_check_interval=20", "run_name=tuned", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "logs" / "train" / "runs" / "tuned"
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["val/loss"] < 0.8 * metrics["init/val/loss"], metrics
+    assert metrics["val/loss"] < metrics["init/val/loss"] - 0.3, metrics
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     adapters = [name for name in last["state_dict"] if name.endswith(("lora_a", "lora_b"))]
     if experiment == "instruct_lora":

@@ -22,13 +22,12 @@ from omegaconf import OmegaConf
 from hydra_plugins.{{ cookiecutter.package_name }}_optuna_sweeper import (
     _impl,
 )
-from {{ cookiecutter.package_name }}.run.lock import (
-    FolderInUse,
-)
 
 from .helpers import PACKAGE
 from .test_scale_out import PINNED, SEARCH, summary_rows
 from .test_slurm import QUICK, TINY, queue
+
+FolderInUse = _impl.FolderInUse  # run/lock.py's, as the sweeper sees it
 
 
 def start(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -147,7 +147,7 @@ def test_a_cancelled_job_is_named_the_others_finish_and_the_same_command_trains_
     slurm_cluster: dict[str, str], tmp_path: Path
 ) -> None:
     """The docs' CPU sweep, one job at a time (array_parallelism=1): job #1 waits while #0 runs;
-    `scancel` of #0 while it trains (held at its first step while a file exists). The sweep
+    `scancel` of #0 while it trains (held at a step while a file exists). The sweep
     prints each job's id and every state change, waits for #1, ends with one `error:` line naming
     #0 as CANCELLED (exit 1) and its summary says so. The same command again trains #0 only and
     ends 0."""
@@ -169,6 +169,8 @@ def test_a_cancelled_job_is_named_the_others_finish_and_the_same_command_trains_
     sweep.wait_for_line(r"Job #0 \(SLURM \S+\): RUNNING")
     wait_until(lambda: list(tmp_path.glob("logs/train/multiruns/*/0/train.log")), "#0 to train")
     subprocess.run(["scancel", submitted[0]], env=slurm_cluster, check=True, timeout=30)
+    # Held until SLURM has ended it: a run let go at once could finish in SLURM's grace period.
+    sweep.wait_for_line(r"Job #0 \(SLURM \S+\): CANCELLED")
     hold.unlink()
     code, stdout, stderr = sweep.end()
 

@@ -1,7 +1,8 @@
 """What a sweep's SLURM jobs are doing while the launcher waits for them: one `squeue` call per
-poll for all of them, one log line per job and change of state, and the state each one ended in.
-Plain functions of job ids, so that whatever waits for SLURM jobs (the launcher, a search that
-adopts a job it started before) can use them."""
+poll for all of them, one log line per job and change of state, and how each one ended. Small
+pieces (of job ids, or of submitit jobs), so that whatever waits for SLURM jobs (the launcher, a
+search that adopts a job it started before) can use them. The module's name starts with `_`:
+Hydra's plugin scan skips it."""
 
 from __future__ import annotations
 

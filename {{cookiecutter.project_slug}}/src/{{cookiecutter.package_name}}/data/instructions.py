@@ -6,7 +6,8 @@ Two kinds of record, mixed freely in one file:
   Alpaca's template (`format_prompt`); the response is `output`.
 - A chat: `{"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}` with at
   least one assistant turn. Each turn is `### System:`, `### User:` or `### Assistant:` on a line
-  of its own, then its content (`chat_prompt`); every assistant turn's content is a response.
+  of its own, then its content; turns are separated by a blank line (`chat_prompt`). Every
+  assistant turn's content is a response.
 
 Every response is followed by the tokenizer's end-of-text token, so the model learns to stop.
 A record is tokenized as it will be prompted: each prompt part (all the text between two
@@ -55,7 +56,7 @@ TURN_GAP = "\n\n"
 Parts = list[tuple[str, bool]]
 
 
-def format_prompt(instruction: str, input: str = "") -> str:  # Alpaca's name
+def format_prompt(instruction: str, input: str = "") -> str:  # `input`: Alpaca's field name
     """Alpaca's prompt for an instruction (and its input, if any): the text a model continues
     with its response, which it ends with the end-of-text token."""
     if input:
@@ -186,7 +187,7 @@ def checked_messages(messages: Any) -> list[dict[str, str]]:
                 '{"role": "user", "content": ...}'
             )
         role, content = message["role"], message["content"]
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise ValueError(
                 f"message {number} has the role {json.dumps(role)}: use system, user or assistant"
             )

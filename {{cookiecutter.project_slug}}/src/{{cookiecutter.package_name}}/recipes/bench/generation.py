@@ -1,11 +1,13 @@
 """Generation speed of a language model: new tokens per second with the key/value cache (each
 new token runs the network on one position) and without it (each runs on the whole context).
 The weights are freshly initialized: speed does not depend on their values.
+{%- if cookiecutter.examples != "vision" %}
 
 For this project's GPT, where Hugging Face `transformers` is installed, the same weights also go
 into its `GPT2LMHeadModel` (checked to give the same logits), whose `generate` with its cache is
 timed in back-to-back pairs with ours (same prompt, top-k sampling, device and precision): the
-report gives both rates and the median of the pairs' ratios."""
+report gives both rates and the median of the pairs' ratios.
+{%- endif %}"""
 
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ def timed_generation(
 
 
 def hugging_face_twin(net: Any) -> Any | None:
+{%- if cookiecutter.examples == "vision" %}
+    """None: a project without the language example has no network to compare."""
+    return None
+{%- else %}
     """Transformers' GPT2LMHeadModel holding `net`'s weights, on its device and in its dtype; None
     where `net` is not this project's GPT or transformers is not installed. Its Conv1D layers
     hold the transposes of our Linear weights; biases we do not have are zeros."""
@@ -93,6 +99,7 @@ def hugging_face_twin(net: Any) -> Any | None:
             copy_linear(theirs.mlp.c_proj, ours.mlp.proj)
         copy_norm(body.ln_f, net.ln_f)
     return twin
+{%- endif %}
 
 
 def timed_hugging_face(
