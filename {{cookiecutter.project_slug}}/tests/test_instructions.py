@@ -336,7 +336,7 @@ def generate_reply(net: GPT, messages: list[dict[str, str]]) -> str:
 def test_a_tiny_model_learns_the_toy_set_and_answers_held_out_records(tmp_path: Path) -> None:
     """Through the train command: the validation loss of the responses ends far below where it
     starts, and greedy generation answers most validation records (never trained on) right and
-    stops at its end-of-text token."""
+    stops at its end-of-text token; the predict command continues a prompt alike."""
     overrides = [*QUIET, "experiment=instruct", "trainer.val_check_interval=100", "test=false"]
     result = run_cli("-m", PACKAGE, *overrides, "run_name=toy", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -353,12 +353,28 @@ def test_a_tiny_model_learns_the_toy_set_and_answers_held_out_records(tmp_path: 
     fractions = (cfg.data.val_fraction, cfg.data.test_fraction)
     _, val, _ = split_indices(len(records), fractions, cfg.data.split_seed)
     val_records = [records[i] for i in val.tolist()]
-    right = 0
+    answered = []
     for record in val_records:
         messages = record["messages"]
         first_reply = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        right += generate_reply(net, messages[:first_reply]) == messages[first_reply]["content"]
-    assert right > len(val_records) / 2, f"{right} of {len(val_records)} right"
+        answer = messages[first_reply]["content"]
+        if generate_reply(net, messages[:first_reply]) == answer:
+            answered.append((messages[:first_reply], answer))
+    assert len(answered) > len(val_records) / 2, f"{len(answered)} of {len(val_records)} right"
+    # The predict command rebuilds the model and its data module from the checkpoint, and
+    # continues the same prompt (as text: it holds no earlier reply) with the same answer.
+    question, answer = answered[0]
+    prompt = ByteTokenizer().decode(chat_prompt(question, ByteTokenizer()))
+    result = run_cli(
+        "-c", f"from {PACKAGE}.cli import predict; predict()", "trainer=cpu",
+        "extras.print_config=false", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+        f"prompt={prompt}",
+        "max_new_tokens=8", "temperature=0", "run_name=predicted", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (written,) = (tmp_path / "logs" / "predict" / "runs").glob("*/predictions.jsonl")
+    prediction = json.loads(written.read_text())
+    assert prediction["prompt"] == prompt and prediction["completion"].startswith(answer)
 
 
 # A one-layer model for the runs below; the base is the language example's shape with the

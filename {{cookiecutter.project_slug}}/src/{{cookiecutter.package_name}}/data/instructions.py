@@ -282,8 +282,8 @@ class PadBatch:
 
 class InstructionDataModule(SplitDataModule):
     """Prompt/response records from a JSONL file (`source`; `toy` is the shipped toy set),
-    tokenized by `tokenizer` (`bytes`, or the path of a `tokenizer.json` that the prepare command
-    wrote), split at random (`split_seed`) into train, validation and test records.
+    tokenized by `tokenizer` (null or `bytes`: UTF-8 bytes; or the path of a `tokenizer.json`, one
+    that the prepare command wrote or a pretrained model's), split at random (`split_seed`) into train, validation and test records.
 
     `vocab_size` is the model's: at least the tokenizer's (257 for bytes: 256 and end-of-text).
     A record must fit the context: at most `block_size` + 1 tokens."""
@@ -291,7 +291,7 @@ class InstructionDataModule(SplitDataModule):
     def __init__(
         self,
         source: str = TOY,
-        tokenizer: str = BYTES,
+        tokenizer: str | None = None,
         vocab_size: int = ByteTokenizer.vocab_size,
         block_size: int = 256,
         batch_size: int = 16,
@@ -320,13 +320,13 @@ class InstructionDataModule(SplitDataModule):
         """The tokenizer of `data.tokenizer` (predict and serve encode prompts with it)."""
         if getattr(self, "tokenizer", None) is not None:
             return self.tokenizer
-        choice = str(self.hparams["tokenizer"])
-        if choice == BYTES:
+        choice = self.hparams["tokenizer"]
+        if choice is None or choice == BYTES:
             return ByteTokenizer()
-        path = Path(choice).expanduser()
+        path = Path(str(choice)).expanduser()
         if not path.is_file():
             raise ConfigError(
-                f"data.tokenizer={choice} is not a file: use bytes, or the path of a "
+                f"data.tokenizer={choice} is not a file: use null (bytes), or the path of a "
                 "tokenizer.json (the prepare command writes one beside its token shards)."
             )
         try:
@@ -334,8 +334,8 @@ class InstructionDataModule(SplitDataModule):
         except Exception as error:  # the tokenizers library raises plain Exceptions
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ConfigError(
-                f"data.tokenizer={choice} is not a tokenizer ({reason}): use bytes, or a "
-                "tokenizer.json that the prepare command wrote."
+                f"data.tokenizer={choice} is not a tokenizer ({reason}): use null (bytes), or "
+                "a tokenizer.json that the prepare command wrote."
             ) from None
 
     def encode(self, text: str) -> list[int]:
