@@ -19,6 +19,7 @@ from .helpers import (
     parse_structured_files,
     project_files,
     run,
+    tomllib,
 )
 
 MATRIX = {
@@ -110,6 +111,30 @@ def assert_unchosen_options_absent(project: Path, answers: dict[str, str], parse
         assert not (project / ".github").exists()
     license_text = parsed["pyproject.toml"]["project"].get("license")
     assert license_text == (None if answers["license"] == "none" else answers["license"])
+
+
+def test_every_dependency_a_bake_can_name_is_in_the_dev_requirements(bake: Bake) -> None:
+    """Baked projects are installed into this venv with --no-deps, and CI builds the venv from
+    requirements-dev.txt alone: a dependency missing there fails only on a fresh machine."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = (TEMPLATE / "requirements-dev.txt").read_text().splitlines()
+    listed = {
+        canonicalize_name(Requirement(line).name)
+        for line in (line.split("#")[0].strip() for line in lines)
+        if line
+    }
+    for answers in ({}, {"logger": "tensorboard"}, {"logger": "csv", "examples": "vision"}):
+        result = bake(**answers)
+        assert result.exit_code == 0, result.exception
+        project = tomllib.loads((Path(result.project_path) / "pyproject.toml").read_text())
+        named = list(project["project"]["dependencies"])
+        named += [
+            d for extra in project["project"]["optional-dependencies"].values() for d in extra
+        ]
+        missing = {canonicalize_name(Requirement(d).name) for d in named} - listed - {"torch"}
+        assert missing == set(), f"{answers}: add {sorted(missing)} to requirements-dev.txt"
 
 
 def test_no_template_text_file_looks_binary() -> None:

@@ -28,6 +28,13 @@ from .daemon_children import kill_daemon_children
 from .errors import ConfigError
 
 
+def check_whole_numbers(**settings: Any) -> None:
+    """Each data setting named is a whole number of 1 or more."""
+    for key, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"data.{key}={value!r}: use a whole number of 1 or more.")
+
+
 def check_fractions(val_fraction: Any, test_fraction: Any) -> None:
     """The shares of the data held out for validation and test leave some to train on, and some
     to validate on (the best checkpoint and early stopping read validation)."""

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .base import SplitDataModule, check_fractions, split_indices
+from .base import SplitDataModule, check_fractions, check_whole_numbers, split_indices
 from .errors import ConfigError
-from .tokenizer import BYTES, ByteTokenizer, TextTokenizer, load_tokenizer
+from .tokenizer import BYTES, ByteTokenizer, TextTokenizer, tokenizer_file
 
 IGNORED = -100  # a target the loss skips (torch's cross_entropy ignore_index)
 TOY = "toy"  # data.source for the shipped toy set
@@ -302,9 +302,7 @@ class InstructionDataModule(SplitDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers)
         check_fractions(val_fraction, test_fraction)
-        for key, value in (("block_size", block_size), ("vocab_size", vocab_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"data.{key}={value!r}: use a whole number of 1 or more.")
+        check_whole_numbers(block_size=block_size, vocab_size=vocab_size)
         self.save_hyperparameters()
         self.tokenizer = self.load_tokenizer()
         if vocab_size < self.tokenizer.vocab_size:
@@ -323,20 +321,11 @@ class InstructionDataModule(SplitDataModule):
         choice = self.hparams["tokenizer"]
         if choice is None or choice == BYTES:
             return ByteTokenizer()
-        path = Path(str(choice)).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"data.tokenizer={choice} is not a file: use null (bytes), or the path of a "
-                "tokenizer.json (the prepare command writes one beside its token shards)."
-            )
-        try:
-            return load_tokenizer(path)
-        except Exception as error:  # the tokenizers library raises plain Exceptions
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise ConfigError(
-                f"data.tokenizer={choice} is not a tokenizer ({reason}): use null (bytes), or "
-                "a tokenizer.json that the prepare command wrote."
-            ) from None
+        return tokenizer_file(
+            "data.tokenizer", str(choice),
+            "use null (bytes), or the path of a tokenizer.json (the prepare command writes one "
+            "beside its token shards).",
+        )  # fmt: skip
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .base import SplitDataModule, check_fractions
+from .base import SplitDataModule, check_fractions, check_whole_numbers
 from .corpus import GOLDEN_RATIO, corpus_files, unreadable
 from .errors import ConfigError
 
@@ -95,8 +95,7 @@ class ByteTextDataModule(SplitDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers)
         check_fractions(val_fraction, test_fraction)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"data.block_size={block_size!r}: use a whole number of 1 or more.")
+        check_whole_numbers(block_size=block_size)
         self.save_hyperparameters()
         self.baseline: dict[str, float] = {}
 

@@ -17,30 +17,21 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .base import SplitDataModule, check_fractions
+from .base import SplitDataModule, check_fractions, check_whole_numbers
 from .errors import ConfigError
 from .text import ByteWindows, read_corpus, split_corpus
-from .tokenizer import TextTokenizer, load_tokenizer
+from .tokenizer import TextTokenizer, tokenizer_file
 
 PIECE_CHARACTERS = 64 * 1024
 
 
 def read_tokenizer(choice: str) -> TextTokenizer:
-    path = Path(choice).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            f"data.tokenizer={choice} is not a file: give the path of a tokenizer.json, one that "
-            "the prepare command wrote or a Hugging Face model's (e.g. hf download "
-            f"openai-community/gpt2 config.json model.safetensors tokenizer.json --local-dir "
-            f"{path.parent})."
-        )
-    try:
-        return load_tokenizer(path)
-    except Exception as error:  # the tokenizers library raises plain Exceptions
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ConfigError(
-            f"data.tokenizer={choice} is not a tokenizer ({reason}): give a tokenizer.json."
-        ) from None
+    return tokenizer_file(
+        "data.tokenizer", choice,
+        "give the path of a tokenizer.json, one that the prepare command wrote or a Hugging Face "
+        "model's (e.g. hf download openai-community/gpt2 config.json model.safetensors "
+        f"tokenizer.json --local-dir {Path(choice).expanduser().parent}).",
+    )  # fmt: skip
 
 
 def pieces(text: str) -> Iterator[str]:
@@ -78,8 +69,7 @@ class TokenizedTextDataModule(SplitDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers)
         check_fractions(val_fraction, test_fraction)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"data.block_size={block_size!r}: use a whole number of 1 or more.")
+        check_whole_numbers(block_size=block_size)
         self.save_hyperparameters()
         self.tokenizer = read_tokenizer(str(tokenizer))
         self.vocab_size = self.tokenizer.vocab_size

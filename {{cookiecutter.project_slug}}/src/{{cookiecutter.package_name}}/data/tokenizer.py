@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from .errors import ConfigError
+
 END_OF_TEXT = "<|endoftext|>"
 BYTES = "bytes"
 
@@ -82,6 +84,19 @@ def load_tokenizer(path: Path) -> TextTokenizer:
     """A tokenizer that `save` wrote, or a pretrained model's `tokenizer.json` (JSON either way:
     nothing in it runs). Raises ValueError (or OSError) naming what is wrong."""
     return tokenizer_from_json(path.read_text(encoding="utf-8"))
+
+
+def tokenizer_file(setting: str, choice: str, instead: str) -> TextTokenizer:
+    """The tokenizer.json that a setting (`data.tokenizer=<choice>`) names; one error line, ending
+    with what to give `instead`, where it is not a file or not a tokenizer."""
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{setting}={choice} is not a file: {instead}")
+    try:
+        return load_tokenizer(path)
+    except Exception as error:  # the tokenizers library raises plain Exceptions
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(f"{setting}={choice} is not a tokenizer ({reason}): {instead}") from None
 
 
 def tokenizer_from_json(text: str) -> TextTokenizer:
