@@ -79,6 +79,7 @@ LANGUAGE_FILES = [
     CONFIGS / "data" / "tokenized_text.yaml",
     CONFIGS / "model" / "gpt2_pretrained.yaml",
     CONFIGS / "experiment" / "gpt2_pretrained.yaml",
+    CONFIGS / "experiment" / "gpt2_instruct.yaml",
     Path("tests") / "test_pretrained.py",
     PACKAGE / "data" / "instructions.py",
     PACKAGE / "data" / "assets" / "toy_instructions.jsonl",

@@ -298,6 +298,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{src}/data/tokenized_text.py",
             f"{configs}/data/tokenized_text.yaml",
             f"{configs}/experiment/gpt2_pretrained.yaml",
+            f"{configs}/experiment/gpt2_instruct.yaml",
             f"{configs}/model/gpt2_pretrained.yaml",
             "tests/test_pretrained.py",
             f"{src}/data/corpus.py",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -397,3 +398,84 @@ def test_a_hugging_face_folder_given_as_a_checkpoint_to_continue_says_to_start_f
 ) -> None:
     with pytest.raises(ConfigError, match=f"init_from={pretrained.folder}$"):
         read_checkpoint(pretrained.folder, key="ckpt_path")
+
+
+CHATS = [  # one turn each: the test's tokenizer learnt Python, so English takes many tokens
+    [("Uppercase: cat", "CAT")],
+    [("Uppercase: owl", "OWL")],
+    [("Reverse: emu", "ume")],
+    [("Uppercase: bee", "BEE")],
+]
+
+
+def test_the_readme_flow_gpt2_on_instructions_then_served_and_asked(
+    pretrained: Pretrained, tmp_path: Path
+) -> None:
+    """The quick start's path: experiment=gpt2_instruct fine-tunes the GPT-2 folder on chat
+    records with its own tokenizer, the server answers a conversation (`messages`) in the
+    training's template and ends at the end-of-text token, as `predict chat=true` does; both are
+    the fine-tuned model's own greedy reply."""
+    from .test_serve import Server
+
+    records = tmp_path / "records.jsonl"
+    lines = []
+    for chat in CHATS * 4:
+        messages = [
+            {"role": role, "content": text}
+            for question, answer in chat
+            for role, text in (("user", question), ("assistant", answer))
+        ]
+        lines.append(json.dumps({"messages": messages}))
+    records.write_text("\n".join(lines) + "\n")
+    result = run_cli(
+        "-m", PACKAGE, *QUIET, "experiment=gpt2_instruct", f"init_from={pretrained.folder}",
+        *pretrained.overrides(), "model.compile=false", f"data.source={records}",
+        "data.batch_size=4", "trainer.max_epochs=2", "run_name=chat", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "train" / "runs" / "chat"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert {"init/val/loss", "val/loss", "test/loss"} <= set(metrics), metrics
+    last = run_dir / "checkpoints" / "last.ckpt"
+
+    tuned = gpt(pretrained.vocab_size)
+    state = torch.load(last, weights_only=True)["state_dict"]
+    tuned.load_state_dict({name.removeprefix("net."): value for name, value in state.items()})
+    end = pretrained.tokenizer.token_to_id(END_OF_TEXT)
+    question = [{"role": "user", "content": "Uppercase: fox"}]
+    prompt = pretrained.tokenizer.encode("### User:\nUppercase: fox\n\n### Assistant:\n").ids
+    reply = tuned.generate(torch.tensor([prompt]), 20, temperature=0.0, stop_token=end)
+    reply_ids = reply[0, len(prompt) :].tolist()
+    ended = end in reply_ids
+    expected = pretrained.tokenizer.decode(
+        reply_ids[: reply_ids.index(end)] if ended else reply_ids
+    )
+
+    server = Server([f"ckpt_path={last}"], tmp_path / "serve")
+    try:
+        response = httpx_post(f"{server.url}/generate", {
+            "messages": question, "max_new_tokens": 20, "temperature": 0,
+        })  # fmt: skip
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["completion"] == expected
+        assert answer["finish_reason"] == ("end" if ended else "length")
+        said = [*question, {"role": "assistant", "content": "FOX"}]
+        bad = httpx_post(f"{server.url}/generate", {"messages": said})
+        assert bad.status_code == 400 and "the assistant's" in bad.json()["error"], bad.text
+    finally:
+        assert server.stop() == 0
+
+    result = run_cli(
+        "-c", f"from {PACKAGE}.cli import predict; predict()", f"ckpt_path={last}",
+        "prompt=Uppercase: fox", "chat=true", "max_new_tokens=20", "temperature=0",
+        "stream=false", "trainer=cpu", "run_name=chat", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = tmp_path / "logs" / "predict" / "runs" / "chat" / "predictions.jsonl"
+    (line,) = written.read_text().splitlines()
+    assert json.loads(line) == {"prompt": "Uppercase: fox", "completion": expected}
+
+
+def httpx_post(url: str, body: Any) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=120)

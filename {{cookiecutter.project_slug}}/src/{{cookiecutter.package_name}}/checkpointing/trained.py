@@ -8,6 +8,7 @@ come from, with that file's SHA-256: they are loaded from there and verified."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ def read_run_config(checkpoint: dict[str, Any], ckpt_path: Path) -> dict[str, An
 # Where a data config says its data is. A checkpoint's value is followed only to a local path
 # that exists; anything else (a URL, a path that is not there) must come from the command line.
 DATA_LOCATIONS = ("path", "root", "csv", "data_dir", "source", "tokenizer")
+NAMED_TOKENIZERS = ("bytes", "bpe")  # data.tokenizer values that name a kind, not a file
 
 
 def stored_data(stored: dict[str, Any], given: dict[str, Any], ckpt_path: Path) -> dict[str, Any]:
@@ -72,7 +74,11 @@ def stored_data(stored: dict[str, Any], given: dict[str, Any], ckpt_path: Path) 
         if key in given or not isinstance(value, str):
             continue
         remote = "://" in value
-        missing = key in DATA_LOCATIONS and not remote and not Path(value).expanduser().exists()
+        named = key == "tokenizer" and value in NAMED_TOKENIZERS
+        missing = (
+            key in DATA_LOCATIONS and not remote and not named
+            and not Path(value).expanduser().exists()
+        )  # fmt: skip
         if (key != "source" and missing) or remote:
             where = "a URL" if remote else "a path that does not exist here"
             raise ConfigError(
@@ -104,6 +110,39 @@ def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
     if load_weights:
         model.load_state_dict(checkpoint["state_dict"])
     return Trained(ckpt_path, checkpoint, model, datamodule)
+
+
+@dataclass(frozen=True)
+class TextInterface:
+    """How a trained language model reads and writes text: its data module's tokenizer, else
+    UTF-8 bytes (the byte-level model's); the token that ends a document or a response, where
+    the tokenizer has one; and, for a model trained on instructions, a conversation's prompt
+    tokens (`chat`, which raises ValueError naming what is wrong with the messages)."""
+
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    end_of_text: int | None
+    chat: Callable[[Any], list[int]] | None
+
+
+def utf8_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def from_utf8_bytes(ids: list[int]) -> str:
+    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def text_interface(datamodule: Any) -> TextInterface:
+    encode, decode = getattr(datamodule, "encode", None), getattr(datamodule, "decode", None)
+    if not (callable(encode) and callable(decode)):
+        return TextInterface(utf8_bytes, from_utf8_bytes, None, None)
+    load = getattr(datamodule, "load_tokenizer", None)
+    token = getattr(load(), "end_of_text", None) if callable(load) else None
+    chat = getattr(datamodule, "chat_tokens", None)
+    return TextInterface(
+        encode, decode, None if token is None else int(token), chat if callable(chat) else None
+    )
 
 
 def file_digest(path: Path) -> str:

@@ -158,7 +158,7 @@ def record_parts(record: Any) -> Parts:
             f"the record holds both messages and {alpaca[0]}: give one kind of record a line"
         )
     if "messages" in record:
-        return chat_parts(checked_messages(record["messages"]))
+        return chat_parts(training_messages(record["messages"]))
     for key in ("instruction", "output"):
         if key not in record:
             raise ValueError(
@@ -193,8 +193,23 @@ def checked_messages(messages: Any) -> list[dict[str, str]]:
             )
         if not isinstance(content, str):
             raise ValueError(f"message {number}'s content is {json_type(content)}, not a string")
+    return messages
+
+
+def training_messages(messages: Any) -> list[dict[str, str]]:
+    messages = checked_messages(messages)
     if not any(message["role"] == "assistant" for message in messages):
         raise ValueError("the messages hold no assistant turn, so nothing to learn: add one")
+    return messages
+
+
+def prompting_messages(messages: Any) -> list[dict[str, str]]:
+    """A conversation for the model to reply to: it ends with a user (or system) turn."""
+    messages = checked_messages(messages)
+    if messages[-1]["role"] == "assistant":
+        raise ValueError(
+            "the last message is the assistant's: end with the user's turn the model replies to"
+        )
     return messages
 
 
@@ -335,6 +350,11 @@ class InstructionDataModule(SplitDataModule):
 
     def format_prompt(self, instruction: str, input: str = "") -> str:
         return format_prompt(instruction, input)
+
+    def chat_tokens(self, messages: Any) -> list[int]:
+        """The prompt tokens of a conversation that ends with the user's turn, as training
+        tokenized them, up to the assistant's header: the model's reply comes next."""
+        return chat_prompt(prompting_messages(messages), self.tokenizer)
 
     def tokens_per_byte(self, split: str) -> float:
         """Of the split's responses (their end-of-text tokens counted as tokens of no bytes):

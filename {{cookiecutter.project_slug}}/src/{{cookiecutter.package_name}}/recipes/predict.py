@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..checkpointing.trained import Trained, rebuild
+from ..checkpointing.trained import TextInterface, Trained, rebuild, text_interface, utf8_bytes
 from ..errors import ConfigError
 from ..files import write_text_atomically
 from ..run import lock as run_lock
@@ -156,22 +156,6 @@ def read_prompts(cfg: DictConfig) -> list[str]:
     return prompts
 
 
-def utf8_bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
-def from_utf8_bytes(ids: list[int]) -> str:
-    return bytes(ids).decode("utf-8", errors="replace")
-
-
-def tokenizer_of(datamodule: Any) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    """The data module's tokenizer (token shards), else UTF-8 bytes (the byte-level model's)."""
-    encode, decode = getattr(datamodule, "encode", None), getattr(datamodule, "decode", None)
-    if callable(encode) and callable(decode):
-        return encode, decode
-    return utf8_bytes, from_utf8_bytes
-
-
 def encode(
     prompts: list[str], block_size: int, tokenize: Callable[[str], list[int]] = utf8_bytes
 ) -> list[torch.Tensor]:
@@ -193,14 +177,20 @@ def encode(
 
 
 class Stream:
-    """Print tokens as they come, decoded; a character split over tokens waits for the rest."""
+    """Print tokens as they come, decoded; a character split over tokens waits for the rest.
+    The end-of-text token ends it."""
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], stop_token: int | None) -> None:
         self.decode = decode
+        self.stop_token = stop_token
         self.tokens: list[int] = []
         self.printed = 0
+        self.ended = False
 
     def __call__(self, token: torch.Tensor) -> None:
+        self.ended = self.ended or int(token.item()) == self.stop_token
+        if self.ended:
+            return
         self.tokens.append(int(token.item()))
         text = self.decode(self.tokens)
         if text.endswith("\ufffd"):
@@ -220,7 +210,10 @@ class Stream:
 def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[torch.Tensor]]:
     model: Any = trained.model
     prompts = read_prompts(cfg)
-    tokenize, _ = tokenizer_of(trained.datamodule)
+    text = text_interface(trained.datamodule)
+    tokenize = text.encode
+    if bool(cfg.get("chat")):
+        tokenize = as_user_turn(text, trained)
     encoded = encode(prompts, int(model.net.block_size), tokenize)
     check_whole("max_new_tokens", cfg.max_new_tokens, 1, allowed=())
     check_whole("top_k", cfg.top_k, 1)
@@ -235,16 +228,30 @@ def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[to
     return prompts, encoded
 
 
+def as_user_turn(text: TextInterface, trained: Trained) -> Callable[[str], list[int]]:
+    """`chat=true`: a prompt as the user's turn of a conversation, in the template the model was
+    trained on."""
+    chat = text.chat
+    if chat is None:
+        raise ConfigError(
+            f"chat=true, but ckpt_path={trained.path} was not trained on instructions "
+            "(data=instructions), so it has no chat template: drop chat=true."
+        )
+    return lambda prompt: chat([{"role": "user", "content": prompt}]) if prompt else []
+
+
 def continue_prompts(
     cfg: DictConfig, trained: Trained, trainer: L.Trainer, prompts: list[str],
     encoded: list[torch.Tensor], output_dir: Path,
 ) -> None:  # fmt: skip
     model: Any = trained.model
-    _, decode = tokenizer_of(trained.datamodule)
-    stream = Stream(decode) if len(prompts) == 1 and bool(cfg.stream) else None
+    text = text_interface(trained.datamodule)
+    decode, stop_token = text.decode, text.end_of_text
+    stream = Stream(decode, stop_token) if len(prompts) == 1 and bool(cfg.stream) else None
     model.generation = {
         "max_new_tokens": int(cfg.max_new_tokens), "temperature": float(cfg.temperature),
         "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": stream,
+        "stop_token": stop_token,
     }  # fmt: skip
     if stream:
         sys.stdout.write(prompts[0])
@@ -256,7 +263,10 @@ def continue_prompts(
         sys.stdout.write("\n")
     lines = []
     for prompt, tokens, output in zip(prompts, encoded, outputs or [], strict=True):
-        completion = decode(output[0, len(tokens) :].tolist())
+        generated = output[0, len(tokens) :].tolist()
+        if stop_token in generated:
+            generated = generated[: generated.index(stop_token)]
+        completion = decode(generated)
         lines.append(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
     path = output_dir / "predictions.jsonl"
     write_text_atomically("".join(lines), path)

@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..checkpointing.trained import Trained, rebuild
+from ..checkpointing.trained import Trained, rebuild, text_interface
 from ..errors import ConfigError
 from ..run import lock as run_lock
 from ..run.machine import configure_matmul_precision, use_hydra_logging_only
@@ -248,25 +248,22 @@ class Generation:
         self.net = model.net.to(device).eval()
         self.device = device
         self.settings = settings
-        self.encode, self.decode = tokenizer_of(trained.datamodule)
+        text = text_interface(trained.datamodule)
+        self.encode, self.decode, self.chat = text.encode, text.decode, text.chat
         self.encode("a")  # loads the tokenizer now: one that cannot be read fails the command
-        self.stop_token = end_of_text(trained.datamodule)
+        self.stop_token = text.end_of_text
         self.generator = torch.Generator(device)
         if seed is not None:
             self.generator.manual_seed(seed)
 
     def parse(self, body: Any) -> Checked:
         keys = ("max_new_tokens", "temperature", "top_k", "stream")
-        body = fields(body, ("prompt",), keys)
-        prompt = body["prompt"]
-        if not isinstance(prompt, str):
-            raise BadRequest("prompt must be a string")
-        if not prompt:
-            raise BadRequest("prompt is empty: give at least one character")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise BadRequest(f"prompt is not valid Unicode ({error.reason})") from error
+        if isinstance(body, dict) and "messages" in body:
+            body = fields(body, ("messages",), keys)
+            tokens = self.chat_tokens(body["messages"])
+        else:
+            body = fields(body, ("prompt",), ("messages", *keys))
+            tokens = self.prompt_tokens(body["prompt"])
         settings = self.settings
         options = {
             "max_new_tokens": whole_field(
@@ -281,15 +278,41 @@ class Generation:
             raise BadRequest(f"temperature={shown(options['temperature'])}: {problem}")
         if not isinstance(options["stream"], bool):
             raise BadRequest(f"stream={shown(options['stream'])}: use true or false")
-        tokens = self.encode(prompt)
         block_size = int(self.net.block_size)
         if len(tokens) > block_size:
+            what = "the conversation" if "messages" in body else "prompt"
             raise BadRequest(
-                f"prompt is {len(tokens)} tokens long, more than the model's context of "
+                f"{what} is {len(tokens)} tokens long, more than the model's context of "
                 f"{block_size}: shorten it"
             )
         options["temperature"] = float(options["temperature"])
         return Checked(torch.tensor(tokens, dtype=torch.long), options)
+
+    def prompt_tokens(self, prompt: Any) -> list[int]:
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be a string")
+        if not prompt:
+            raise BadRequest("prompt is empty: give at least one character")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise BadRequest(f"prompt is not valid Unicode ({error.reason})") from error
+        return self.encode(prompt)
+
+    def chat_tokens(self, messages: Any) -> list[int]:
+        """A conversation in the template the model was trained on (instruction data only)."""
+        if self.chat is None:
+            raise BadRequest(
+                "this model was not trained on instructions (data=instructions), so it has no "
+                "chat template: send a prompt instead of messages"
+            )
+        try:
+            json.dumps(messages, ensure_ascii=False).encode("utf-8")
+            return self.chat(messages)
+        except UnicodeEncodeError as error:
+            raise BadRequest(f"messages are not valid Unicode ({error.reason})") from error
+        except ValueError as error:
+            raise BadRequest(str(error)) from error
 
     def groups(self, batch: list[Pending]) -> list[list[Pending]]:
         """Requests that sample alike run together (greedy ones whatever their top_k)."""
@@ -374,30 +397,6 @@ class Continuation:
             self.pending.send({"done": True, **answer})
         else:
             self.pending.send({"completion": text, **answer})
-
-
-def utf8_bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
-def from_utf8_bytes(ids: list[int]) -> str:
-    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-
-def tokenizer_of(datamodule: Any) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
-    """The data module's tokenizer (token shards), else UTF-8 bytes (the byte-level model's), as
-    the predict command takes it."""
-    encode, decode = getattr(datamodule, "encode", None), getattr(datamodule, "decode", None)
-    if callable(encode) and callable(decode):
-        return encode, decode
-    return utf8_bytes, from_utf8_bytes
-
-
-def end_of_text(datamodule: Any) -> int | None:
-    """The token that ends a document in the training data, where the tokenizer has one."""
-    load = getattr(datamodule, "load_tokenizer", None)
-    token = getattr(load(), "end_of_text", None) if callable(load) else None
-    return int(token) if token is not None else None
 
 
 class RequestImage(io.BytesIO):
