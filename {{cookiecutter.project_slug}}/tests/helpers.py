@@ -54,8 +54,9 @@ def assert_checkpoints_load_safely(cfg: DictConfig) -> None:
 
 
 def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
+    *args: str, cwd: Path, env: dict[str, str] | None = None, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """`python <args>`; its standard input is `input`, or nothing."""
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
@@ -63,5 +64,5 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=300,
-        stdin=subprocess.DEVNULL,
+        input="" if input is None else input,
     )

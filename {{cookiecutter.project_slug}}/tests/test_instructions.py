@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from {{ cookiecutter.package_name }}.checkpointing.trained import (
+    stored_data,
+)
 from {{ cookiecutter.package_name }}.cli import _run
 from {{ cookiecutter.package_name }}.console import (
     HYDRA_START_FILES,
@@ -376,6 +379,32 @@ def test_a_tiny_model_learns_the_toy_set_and_answers_held_out_records(tmp_path: 
     prediction = json.loads(written.read_text())
     assert prediction["prompt"] == prompt and prediction["completion"].startswith(answer)
 
+    # chat=true alone: a conversation on standard input; the second turn's prompt holds the
+    # first turn and the model's reply, whole (256 bytes of context hold both).
+    said = [answered[0][0][-1]["content"], answered[1][0][-1]["content"]]
+    result = run_cli(
+        "-c", f"from {PACKAGE}.cli import predict; predict()", "trainer=cpu", "chat=true",
+        "extras.print_config=false", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+        "max_new_tokens=12", "temperature=0", "run_name=conversation", cwd=tmp_path,
+        input=f"{said[0]}\n{said[1]}\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = tmp_path / "logs" / "predict" / "runs" / "conversation" / "predictions.jsonl"
+    turns = [json.loads(line) for line in written.read_text().splitlines()]
+    conversation: list[dict[str, str]] = []
+    for turn in said:
+        conversation.append({"role": "user", "content": turn})
+        tokens = chat_prompt(conversation, ByteTokenizer())
+        output = net.generate(torch.tensor([tokens]), 12, temperature=0.0, stop_token=END)
+        reply = output[0, len(tokens) :].tolist()
+        reply = reply[: reply.index(END)] if END in reply else reply
+        conversation.append({"role": "assistant", "content": ByteTokenizer().decode(reply)})
+    assert len(tokens) < 256, "the whole conversation fits"
+    assert turns == [
+        {"prompt": said[0], "completion": conversation[1]["content"]},
+        {"prompt": said[1], "completion": conversation[3]["content"]},
+    ]
+
 
 # A one-layer model for the runs below; the base is the language example's shape with the
 # end-of-text token in its vocabulary, trained briefly.
@@ -435,3 +464,17 @@ def test_a_killed_instruction_run_finishes_as_if_never_stopped(
     ]  # fmt: skip
     killed_then_finished([*run, *fault("train_step", 7, tmp_path / "fired")], tmp_path / "run")
     assert_same_outcome(reference_run(run), tmp_path / "run")
+
+
+def test_a_checkpoint_naming_a_kind_of_tokenizer_is_followed_and_a_missing_file_is_not(
+    tmp_path: Path,
+) -> None:
+    """data.tokenizer=bytes names a tokenizer, not a file: predict and serve rebuild the data
+    module from it; a tokenizer.json that is not here needs the user's data.tokenizer=..."""
+    ckpt = tmp_path / "last.ckpt"
+    stored = {"source": "toy", "tokenizer": "bytes", "vocab_size": 257}
+    assert stored_data(stored, {}, ckpt)["tokenizer"] == "bytes"
+    gone = {**stored, "tokenizer": str(tmp_path / "gone" / "tokenizer.json")}
+    with pytest.raises(ConfigError, match=r"data\.tokenizer=.*a path that does not exist here"):
+        stored_data(gone, {}, ckpt)
+    assert stored_data(gone, {"tokenizer": "bytes"}, ckpt)["tokenizer"] == "bytes"

@@ -32,8 +32,14 @@ from {{ cookiecutter.package_name }}.checkpointing.trained import (
     file_digest,
 )
 from {{ cookiecutter.package_name }}.cli import _run
+from {{ cookiecutter.package_name }}.data.instructions import (
+    chat_prompt,
+)
 from {{ cookiecutter.package_name }}.data.tokenized_text import (
     TokenizedTextDataModule,
+)
+from {{ cookiecutter.package_name }}.data.tokenizer import (
+    tokenizer_file,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.nets.gpt import (
@@ -475,6 +481,31 @@ def test_the_readme_flow_gpt2_on_instructions_then_served_and_asked(
     written = tmp_path / "logs" / "predict" / "runs" / "chat" / "predictions.jsonl"
     (line,) = written.read_text().splitlines()
     assert json.loads(line) == {"prompt": "Uppercase: fox", "completion": expected}
+
+    # chat=true alone: a conversation, one turn a line. The two turns outgrow this GPT's context
+    # of 64 tokens, so the second turn's prompt leaves the first out (test_instructions keeps it).
+    result = run_cli(
+        "-c", f"from {PACKAGE}.cli import predict; predict()", f"ckpt_path={last}", "chat=true",
+        "max_new_tokens=20", "temperature=0", "trainer=cpu", "run_name=conversation",
+        cwd=tmp_path, input="Uppercase: fox\n\nReverse: owl\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = tmp_path / "logs" / "predict" / "runs" / "conversation" / "predictions.jsonl"
+    first, second = (json.loads(line) for line in written.read_text().splitlines())
+    assert first == {"prompt": "Uppercase: fox", "completion": expected}
+    conversation = [
+        *question, {"role": "assistant", "content": expected},
+        {"role": "user", "content": "Reverse: owl"},
+    ]  # fmt: skip
+    tokenizer = tokenizer_file("data.tokenizer", str(pretrained.folder / "tokenizer.json"), "")
+    assert len(chat_prompt(conversation, tokenizer)) > SIZES["block_size"]
+    prompt = chat_prompt(conversation[2:], tokenizer)
+    reply = tuned.generate(torch.tensor([prompt]), 20, temperature=0.0, stop_token=end)
+    reply_ids = reply[0, len(prompt) :].tolist()
+    reply_ids = reply_ids[: reply_ids.index(end)] if end in reply_ids else reply_ids
+    assert second == {"prompt": "Reverse: owl", "completion": tokenizer.decode(reply_ids)}
+    printed = [line for line in result.stdout.splitlines() if not line.startswith("[")]  # logs
+    assert printed == [expected, second["completion"]], result.stdout
 
 
 def httpx_post(url: str, body: Any) -> httpx.Response:

@@ -384,6 +384,8 @@ def test_bad_inputs_get_one_line_and_leave_nothing(
         ("predict", f"ckpt_path={ckpt}", "prompt=x", "temperature=-1"): ("temperature",),
         ("predict", f"ckpt_path={ckpt}", "prompt=x", "temperature=nan"): ("temperature", "finite"),
         ("predict", f"ckpt_path={ckpt}", "prompt=x", "temperature=inf"): ("temperature", "finite"),
+        ("predict", f"ckpt_path={ckpt}", "prompt=x", "chat=true"): ("not trained on instructions",),
+        ("predict", f"ckpt_path={ckpt}", "chat=true"): ("not trained on instructions",),
         ("export", f"ckpt_path={ckpt}", "format=tflite"): ("format=tflite", "pt2"),
     }
     for args, words in cases.items():

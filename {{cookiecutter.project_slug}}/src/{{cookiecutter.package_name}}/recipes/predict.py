@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..checkpointing.trained import TextInterface, Trained, rebuild, text_interface, utf8_bytes
+from ..checkpointing.trained import Trained, rebuild, text_interface, utf8_bytes
 from ..errors import ConfigError
 from ..files import write_text_atomically
 from ..run import lock as run_lock
@@ -74,7 +74,11 @@ def predict_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
     # Every input is read and checked before the trainer exists.
-    if language:
+    interactive = language and bool(cfg.get("chat")) and not given_prompts
+    if interactive:
+        check_sampling(cfg)
+        chat = chat_template(trained)
+    elif language:
         prompts, encoded = prompt_inputs(cfg, trained)
     else:
         names = image_inputs(cfg, trained)
@@ -83,7 +87,9 @@ def predict_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
     trainer = build_trainer(cfg, machine, callbacks=[], loggers=[])
     output_dir = Path(cfg.paths.output_dir)
     with exit_143_on_stop_signals():
-        if language:
+        if interactive:
+            converse(cfg, trained, trainer, chat, output_dir)
+        elif language:
             continue_prompts(cfg, trained, trainer, prompts, encoded, output_dir)
         else:
             classify_images(cfg, trained, trainer, names, output_dir)
@@ -210,11 +216,15 @@ class Stream:
 def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[torch.Tensor]]:
     model: Any = trained.model
     prompts = read_prompts(cfg)
-    text = text_interface(trained.datamodule)
-    tokenize = text.encode
+    tokenize = text_interface(trained.datamodule).encode
     if bool(cfg.get("chat")):
-        tokenize = as_user_turn(text, trained)
+        tokenize = user_turn(chat_template(trained))
     encoded = encode(prompts, int(model.net.block_size), tokenize)
+    check_sampling(cfg)
+    return prompts, encoded
+
+
+def check_sampling(cfg: DictConfig) -> None:
     check_whole("max_new_tokens", cfg.max_new_tokens, 1, allowed=())
     check_whole("top_k", cfg.top_k, 1)
     temperature = cfg.temperature
@@ -225,19 +235,17 @@ def prompt_inputs(cfg: DictConfig, trained: Trained) -> tuple[list[str], list[to
         or temperature < 0
     ):
         raise ConfigError(f"temperature={temperature!r}: use a finite number, 0 (greedy) or more.")
-    return prompts, encoded
 
 
-def as_user_turn(text: TextInterface, trained: Trained) -> Callable[[str], list[int]]:
-    """`chat=true`: a prompt as the user's turn of a conversation, in the template the model was
-    trained on."""
-    chat = text.chat
+def chat_template(trained: Trained) -> Callable[[Any], list[int]]:
+    """`chat=true`: a conversation's prompt tokens, in the template the model was trained on."""
+    chat = text_interface(trained.datamodule).chat
     if chat is None:
         raise ConfigError(
             f"chat=true, but ckpt_path={trained.path} was not trained on instructions "
             "(data=instructions), so it has no chat template: drop chat=true."
         )
-    return lambda prompt: chat([{"role": "user", "content": prompt}]) if prompt else []
+    return chat
 
 
 def continue_prompts(
@@ -254,7 +262,7 @@ def continue_prompts(
         "stop_token": stop_token,
     }  # fmt: skip
     if stream:
-        sys.stdout.write(prompts[0])
+        sys.stdout.write(prompts[0] + ("\n" if cfg.get("chat") else ""))
         sys.stdout.flush()
     loader: DataLoader[torch.Tensor] = DataLoader(encoded, batch_size=1)  # type: ignore[arg-type]
     outputs = trainer.predict(model, dataloaders=loader)
@@ -271,6 +279,67 @@ def continue_prompts(
     path = output_dir / "predictions.jsonl"
     write_text_atomically("".join(lines), path)
     log.info("Continued %d prompt%s: %s", len(prompts), "s"[: len(prompts) > 1], path)
+
+
+def user_turn(chat: Callable[[Any], list[int]]) -> Callable[[str], list[int]]:
+    """A prompt as the user's only turn of a conversation (an empty one stays empty)."""
+
+    def tokens(prompt: str) -> list[int]:
+        return chat([{"role": "user", "content": prompt}]) if prompt else []
+
+    return tokens
+
+
+def converse(
+    cfg: DictConfig, trained: Trained, trainer: L.Trainer, chat: Callable[[Any], list[int]],
+    output_dir: Path,
+) -> None:  # fmt: skip
+    """`chat=true` without a prompt: a conversation on the terminal. Each line read is the
+    user's turn and the reply is printed as it is made; the conversation so far is the next
+    turn's prompt, its oldest turns left out where it outgrows the context. It ends at the end of
+    the input (Ctrl-D), and predictions.jsonl holds each turn and its reply."""
+    model: Any = trained.model
+    text = text_interface(trained.datamodule)
+    block_size = int(model.net.block_size)
+    messages: list[dict[str, str]] = []
+    turns = []
+    while True:
+        if sys.stdin.isatty():
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            break
+        said = line.rstrip("\r\n")
+        if not said.strip():
+            continue
+        messages.append({"role": "user", "content": said})
+        while len(tokens := chat(messages)) > block_size and len(messages) > 1:
+            del messages[: 2 if messages[1]["role"] == "assistant" else 1]
+        if len(tokens) > block_size:
+            sys.stderr.write(
+                f"That turn is {len(tokens)} tokens with the template, more than the model's "
+                f"context of {block_size}: say it in fewer words.\n"
+            )
+            messages.clear()
+            continue
+        stream = Stream(text.decode, text.end_of_text)
+        model.generation = {
+            "max_new_tokens": int(cfg.max_new_tokens), "temperature": float(cfg.temperature),
+            "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": stream,
+            "stop_token": text.end_of_text,
+        }  # fmt: skip
+        prompt = [torch.tensor(tokens, dtype=torch.long)]
+        trainer.predict(model, dataloaders=DataLoader(prompt, batch_size=1))  # type: ignore[arg-type]
+        stream.finish()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        reply = text.decode(stream.tokens)
+        messages.append({"role": "assistant", "content": reply})
+        turns.append(json.dumps({"prompt": said, "completion": reply}) + "\n")
+    path = output_dir / "predictions.jsonl"
+    write_text_atomically("".join(turns), path)
+    log.info("A conversation of %d turn%s: %s", len(turns), "s"[: len(turns) != 1], path)
 
 
 if __name__ == "__main__":  # `python -m <package>.recipes.predict` runs `<package>-predict`
