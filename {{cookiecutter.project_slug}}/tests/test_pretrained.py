@@ -137,6 +137,21 @@ def gpt(vocab_size: int) -> GPT:
     return GPT(**sizes, bias=True).eval()  # type: ignore[arg-type]
 
 
+def fine_tuned(
+    result: subprocess.CompletedProcess[str], run_dir: Path, pretrained: Pretrained
+) -> tuple[Path, GPT]:
+    """A finished fine-tuning run's last checkpoint, and its weights in the project's GPT; the
+    run logged its starting weights' validation loss, then its own."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert {"init/val/loss", "val/loss", "test/loss"} <= set(metrics), metrics
+    last = run_dir / "checkpoints" / "last.ckpt"
+    state = torch.load(last, weights_only=True)["state_dict"]
+    tuned = gpt(pretrained.vocab_size)
+    tuned.load_state_dict({name.removeprefix("net."): value for name, value in state.items()})
+    return last, tuned
+
+
 @pytest.mark.parametrize("layout", ["save_pretrained", "hub"])
 def test_the_converted_gpt_gives_the_logits_of_transformers(
     pretrained: Pretrained, tmp_path: Path, layout: str
@@ -200,14 +215,7 @@ def test_a_run_fine_tunes_gpt2_and_predict_decodes_with_its_tokenizer(
         "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=2", "run_name=tuned", cwd=tmp_path,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "logs" / "train" / "runs" / "tuned"
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert {"init/val/loss", "val/loss", "test/loss"} <= set(metrics), metrics
-    last = run_dir / "checkpoints" / "last.ckpt"
-    state = torch.load(last, weights_only=True)["state_dict"]
-    tuned = gpt(pretrained.vocab_size)
-    tuned.load_state_dict({name.removeprefix("net."): value for name, value in state.items()})
+    last, tuned = fine_tuned(result, tmp_path / "logs" / "train" / "runs" / "tuned", pretrained)
     start = gpt(pretrained.vocab_size)
     load_hugging_face(start, pretrained.folder)
     moved = [
@@ -438,15 +446,7 @@ def test_the_readme_flow_gpt2_on_instructions_then_served_and_asked(
         *pretrained.overrides(), "model.compile=false", f"data.source={records}",
         "data.batch_size=4", "trainer.max_epochs=2", "run_name=chat", cwd=tmp_path,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "logs" / "train" / "runs" / "chat"
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert {"init/val/loss", "val/loss", "test/loss"} <= set(metrics), metrics
-    last = run_dir / "checkpoints" / "last.ckpt"
-
-    tuned = gpt(pretrained.vocab_size)
-    state = torch.load(last, weights_only=True)["state_dict"]
-    tuned.load_state_dict({name.removeprefix("net."): value for name, value in state.items()})
+    last, tuned = fine_tuned(result, tmp_path / "logs" / "train" / "runs" / "chat", pretrained)
     end = pretrained.tokenizer.token_to_id(END_OF_TEXT)
     question = [{"role": "user", "content": "Uppercase: fox"}]
     prompt = pretrained.tokenizer.encode("### User:\nUppercase: fox\n\n### Assistant:\n").ids
