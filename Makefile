@@ -1,6 +1,7 @@
 # Two commands for a fresh machine with Python 3.10+:
 #   make demo   generate the default project, install it, train its default experiment
-#   make test   run the template's whole test suite
+#   make test       the template's tests and three baked projects' lint, types and fast tests
+#   make test-all   the same and the default project's slow tests (what CI runs)
 PYTHON ?= python3
 # torch is installed first, as a CPU wheel where there is no NVIDIA driver: the version that the
 # generated project's `make install` pins (its Makefile's TORCH, torch==2.13.0), read from there.
@@ -8,7 +9,7 @@ TORCH ?= $(shell sed -n 's/^TORCH ?= //p' "{{cookiecutter.project_slug}}/Makefil
 VENV := .venv
 DEMO := build/demo
 
-.PHONY: demo test test-fast lint clean
+.PHONY: demo test test-all test-fast lint clean
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,9 @@ demo:
 	cd $(DEMO)/lightning-hydra-project && ../.venv/bin/lightning_hydra_project-train extras.print_config=false
 
 test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -m "not project_slow"
+
+test-all: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest
 
 test-fast: $(VENV)/.installed

@@ -1,6 +1,9 @@
 """Baked projects pass their own lint, type check and tests, installed into this venv with
 --no-deps and run in subprocesses with the outer pytest's environment removed. One of them is not
-a fresh bake: it was baked from an older template commit, edited and then `cruft update`d."""
+a fresh bake: it was baked from an older template commit, edited and then `cruft update`d. The
+default project's tests that it marks `slow` (full experiments, the kill and signal harnesses,
+the clusters) run in a test of their own, marked `project_slow`: `make test-all` and CI run it,
+`make test` does not."""
 
 from __future__ import annotations
 
@@ -16,15 +19,15 @@ from .conftest import CRUFT_ANSWERS, Bake
 from .helpers import run
 
 UPDATED_BY_CRUFT = "vision-tensorboard-py310-cruft-updated"
-# The defaults (both examples) run the whole suite. The other bakes run the tests whose code or
+# The defaults (both examples) run every fast test. The other bakes run the tests whose code or
 # configs change with the answers and their example's own tests: the kill, signal, sweep and
-# cluster harnesses are the same code in every bake and run once, in the defaults.
+# cluster harnesses are the same code in every bake and run once, in the defaults' slow tests.
 ANSWER_DEPENDENT = [
     "test_command_line.py", "test_configs.py", "test_errors.py", "test_doctor.py",
     "test_targets.py", "test_bench.py", "test_package_layers.py", "test_runs.py",
 ]  # fmt: skip
 COMBINATIONS = {
-    "defaults": ({}, "not gpu", []),
+    "defaults": ({}, "not slow and not gpu", []),
     UPDATED_BY_CRUFT: (
         CRUFT_ANSWERS,
         "not slow and not gpu",
@@ -76,14 +79,37 @@ def test_generated_project_passes_its_own_checks(
         PRE_COMMIT_HOME=str(tmp_path / "pre-commit"),
     )
     check(hooks, "pre-commit (the same ruff and mypy, offline)")
-    # Two processes (this machine's cores); a test file stays on one, sharing its fixtures.
+    tests = run_tests(project, markers, test_files)
+    assert " passed" in tests.stdout and " failed" not in tests.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.project_slow
+def test_the_default_projects_slow_tests_pass(bake: Bake) -> None:
+    """Full experiments, runs killed and signalled in every phase, SLURM, torchrun and Optuna
+    under faults: the same code in every bake, so run once, in the defaults (both examples)."""
+    result = bake()
+    assert result.exit_code == 0, result.exception
+    project = Path(result.project_path)
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
+    check(run(pip, project), "pip install")
+    tests = run_tests(project, "slow and not gpu", [])
+    assert " passed" in tests.stdout and " failed" not in tests.stdout
+    if os.geteuid() == 0 and shutil.which("slurmctld"):
+        assert "no local SLURM cluster" not in tests.stdout, "the SLURM tests ran"
+
+
+def run_tests(
+    project: Path, markers: str, test_files: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """The project's pytest on two processes (this machine's cores); a test file stays on one,
+    sharing its fixtures."""
     parallel = ["-p", "xdist", "-n", "2", "--dist", "loadfile"]
     tests = run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, *parallel,
-         *(f"tests/{name}" for name in test_files)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers,
+         *parallel, *(f"tests/{name}" for name in test_files)],
         project,
     )  # fmt: skip
     check(tests, "pytest")
-    assert " passed" in tests.stdout and " failed" not in tests.stdout
-    if os.geteuid() == 0 and shutil.which("slurmctld") and "not slow" not in markers:
-        assert "no local SLURM cluster" not in tests.stdout, "the SLURM tests ran"
+    print(f"{project}, -m {markers!r}: {tests.stdout.strip().splitlines()[-1]}")  # pytest -rP
+    return tests
