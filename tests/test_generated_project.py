@@ -64,8 +64,7 @@ def test_generated_project_passes_its_own_checks(
         project = Path(result.project_path)
     python = sys.executable
 
-    pip = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
-    check(run(pip, project), "pip install")
+    install(project)
     check(run([python, "-m", "ruff", "check", "."], project), "ruff check")
     check(run([python, "-m", "ruff", "format", "--check", "."], project), "ruff format")
     check(run([python, "-m", "mypy"], project, MYPY_CACHE_DIR=str(mypy_cache)), "mypy")
@@ -79,8 +78,7 @@ def test_generated_project_passes_its_own_checks(
         PRE_COMMIT_HOME=str(tmp_path / "pre-commit"),
     )
     check(hooks, "pre-commit (the same ruff and mypy, offline)")
-    tests = run_tests(project, markers, test_files)
-    assert " passed" in tests.stdout and " failed" not in tests.stdout
+    run_tests(project, markers, test_files)
 
 
 @pytest.mark.slow
@@ -91,12 +89,16 @@ def test_the_default_projects_slow_tests_pass(bake: Bake) -> None:
     result = bake()
     assert result.exit_code == 0, result.exception
     project = Path(result.project_path)
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
-    check(run(pip, project), "pip install")
+    install(project)
     tests = run_tests(project, "slow and not gpu", [])
-    assert " passed" in tests.stdout and " failed" not in tests.stdout
     if os.geteuid() == 0 and shutil.which("slurmctld"):
         assert "no local SLURM cluster" not in tests.stdout, "the SLURM tests ran"
+
+
+def install(project: Path) -> None:
+    """The baked project into this venv, editable, without its dependencies (they are here)."""
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."]
+    check(run(pip, project), "pip install")
 
 
 def run_tests(
@@ -111,5 +113,6 @@ def run_tests(
         project,
     )  # fmt: skip
     check(tests, "pytest")
+    assert " passed" in tests.stdout and " failed" not in tests.stdout
     print(f"{project}, -m {markers!r}: {tests.stdout.strip().splitlines()[-1]}")  # pytest -rP
     return tests
