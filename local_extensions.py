@@ -2,15 +2,19 @@
 
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
 from cookiecutter import generate, hooks, prompt
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.utils import simple_filter
+from jinja2 import Environment
+from jinja2.ext import Extension
 
 
 @simple_filter
@@ -18,6 +22,31 @@ def toml_string(value: object) -> str:
     """A TOML basic string. Jinja's `tojson` writes characters outside the BMP (an emoji) as JSON
     surrogate pairs, which TOML rejects; TOML takes them as they are."""
     return json.dumps(str(value), ensure_ascii=False)
+
+
+@simple_filter
+def yaml_string(value: object) -> str:
+    """A double-quoted YAML scalar that every YAML reader (PyYAML, OmegaConf, YAML 1.2) reads back
+    as the same string: a plain `yes`, `null`, `1.10`, `0x1F` or `#x` would become true, None,
+    1.1, 31 or a comment."""
+    dumped = yaml.safe_dump(str(value), default_style='"', allow_unicode=True, width=math.inf)
+    return dumped.rstrip("\n")
+
+
+def dependency_modules() -> list[str]:
+    """The import names of the generated project's dependency closure, as
+    `python -m tests.dependency_modules` wrote them beside the hook that refuses them."""
+    text = (Path(__file__).resolve().parent / "hooks" / "dependency_modules.txt").read_text("utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+class DependencyModules(Extension):
+    """`dependency_modules()` in the template's Jinja: hooks/pre_gen_project.py runs in its own
+    process, from a rendered copy, and cannot find the template's files by itself."""
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        environment.globals["dependency_modules"] = dependency_modules
 
 
 def refusals_in_one_line() -> None:
@@ -156,6 +185,19 @@ def project_folder_is_one_name() -> None:
     generate.render_and_create_dir = render_and_create_dir
 
 
+def typed_answers_reach_the_hook() -> None:
+    """A typed answer that is not UTF-8 (`caf\\xe9` from a Latin-1 terminal) is read as text with
+    its bad bytes kept as lone surrogates, which hooks/pre_gen_project.py then refuses in one line,
+    instead of a UnicodeDecodeError traceback in the prompt."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="surrogateescape")
+        except (OSError, ValueError):
+            pass
+
+
 refusals_in_one_line()
 answers_are_never_templates()
 project_folder_is_one_name()
+typed_answers_reach_the_hook()

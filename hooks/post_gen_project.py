@@ -36,11 +36,21 @@ VISION_FILES = [
     CONFIGS / "data" / "image_folder.yaml",
     CONFIGS / "experiment" / "image_folder.yaml",
     Path("tests") / "test_image_folder.py",
+    PACKAGE / "models" / "nets" / "backbones.py",
+    PACKAGE / "checkpointing" / "hugging_face_images.py",
+    PACKAGE / "checkpointing" / "timm_backbones.py",
+    CONFIGS / "model" / "backbone_classifier.yaml",
+    CONFIGS / "model" / "backbone",
+    CONFIGS / "experiment" / "image_folder_pretrained.yaml",
+    Path("tests") / "test_backbones.py",
 ]
 LANGUAGE_FILES = [
     PACKAGE / "data" / "text.py",
     PACKAGE / "models" / "language_model.py",
     PACKAGE / "models" / "nets" / "gpt.py",
+    PACKAGE / "models" / "losses.py",
+    PACKAGE / "recipes" / "bench" / "peer.py",
+    Path("tests") / "test_chunked_loss.py",
     CONFIGS / "data" / "stdlib_text.yaml",
     CONFIGS / "model" / "gpt_tiny.yaml",
     CONFIGS / "model" / "gpt2_small.yaml",
@@ -88,11 +98,8 @@ LANGUAGE_FILES = [
     CONFIGS / "experiment" / "instruct_lora.yaml",
     Path("tests") / "test_instructions.py",
 ]
-LOGGER_FILES = {
-    "wandb": [CONFIGS / "logger" / "wandb.yaml"],
-    "tensorboard": [CONFIGS / "logger" / "tensorboard.yaml"],
-    "csv": [],
-}
+# Every logger's config stays in every bake (logger=mlflow works in a wandb project once its
+# package is installed): the logger answer only picks train.yaml's default and the dependency.
 GITHUB_FILES = [Path(".github")]
 DOCKER_FILES = [Path("Dockerfile"), Path(".dockerignore")]
 LICENSE_FILES = [Path("LICENSE")]
@@ -112,9 +119,6 @@ def unchosen_files(answers: dict) -> list[Path]:
         paths += VISION_FILES
     if answers["examples"] == "vision":
         paths += LANGUAGE_FILES
-    for logger, files in LOGGER_FILES.items():
-        if logger != answers["logger"]:
-            paths += files
     if answers["github_actions"] != "yes":
         paths += GITHUB_FILES
     if answers["dockerfile"] != "yes":

@@ -17,35 +17,28 @@ ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 CHOICES = {
     "python_version": ["3.10", "3.11", "3.12", "3.13"],
     "license": ["MIT", "Apache-2.0", "BSD-3-Clause", "none"],
-    "logger": ["wandb", "tensorboard", "csv"],
+    "logger": ["wandb", "tensorboard", "mlflow", "csv"],
     "examples": ["both", "vision", "language"],
     "github_actions": ["yes", "no"],
     "dockerfile": ["yes", "no"],
 }
 
-# Import names that a package of the same name would shadow in the generated project: its
-# dependency closure (torch, lightning, hydra, optuna, wandb, tensorboard and the dev tools), as
-# importlib.metadata lists it for a full install (tests/test_invalid_answers.py checks this list
-# against the installed closure), plus the project's own top-level folders.
-DEPENDENCY_MODULES = {
-    "absl", "aiohttp", "aiosignal", "alembic", "annotated_types", "antlr4", "anyio", "attr",
-    "attrs", "certifi", "cfgv", "charset_normalizer", "click", "cloudpickle", "colorlog",
-    "dateutil", "distlib", "distro", "docker_pycreds", "execnet", "filelock", "frozenlist",
-    "fsspec", "functorch", "git", "gitdb", "google", "grpc", "h11", "httpcore", "httpx", "hydra",
-    "hydra_plugins", "identify", "idna", "iniconfig", "isympy", "jinja2", "joblib", "lightning",
-    "librt", "lightning_fabric", "lightning_utilities", "mako", "markdown", "markupsafe", "mpmath",
-    "multidict", "mypy", "mypy_extensions", "mypyc", "networkx", "nodeenv", "numpy", "nvidia",
-    "omegaconf", "onnx", "onnx_ir", "onnxruntime", "onnxscript", "opentelemetry", "PIL", "torchao", "optuna", "packaging", "pathspec", "pip", "pkg_resources",
-    "platformdirs", "pluggy", "pre_commit", "pre_commit_hooks", "propcache", "psutil", "py",
-    "pydantic", "pydantic_core", "pydevd_plugins", "pygments", "pytest", "pytest_cookies", "pytorch_lightning",
-    "requests", "rich", "ruamel", "ruff", "sentry_sdk", "setproctitle", "setuptools", "six",
-    "smmap", "sniffio", "sqlalchemy", "submitit", "sympy", "tensorboard",
-    "tensorboard_data_server", "tomli", "torch", "torchaudio", "torchdata", "torchgen",
-    "torchmetrics", "torchvision", "tqdm", "triton", "typing_extensions", "typing_inspection",
-    "urllib3", "virtualenv", "wandb", "werkzeug", "xdist", "xxhash", "yaml", "yarl",
-    "contourpy", "cycler", "fonttools", "kiwisolver", "matplotlib", "mpl_toolkits", "pylab",
-    "pyparsing", "tzdata",
-    "tests", "test", "src", "configs",
+# Import names that a package of the same name would shadow in the generated project: every
+# top-level module or package that the files of its dependency closure install (dependencies,
+# extras, dev tools). `python -m tests.dependency_modules` computes them into
+# hooks/dependency_modules.txt (a template test fails when it is stale); Jinja renders them here.
+DEPENDENCY_MODULES = set(json.loads(r"""{{ dependency_modules() | tojson }}"""))
+# The project's own top-level folders and packages.
+PROJECT_MODULES = {"tests", "test", "src", "configs", "hydra_plugins"}
+# Standard-library modules of the Pythons the project supports (3.10 to 3.13) that the Python
+# running cookiecutter may not list in sys.stdlib_module_names: removed in 3.12 (distutils,
+# asynchat, asyncore, imp, smtpd) or 3.13 (PEP 594), or added in 3.11 (tomllib).
+STDLIB_OF_OTHER_PYTHONS = {
+    "asynchat", "asyncore", "distutils", "imp", "smtpd",
+    "aifc", "audioop", "cgi", "cgitb", "chunk", "crypt", "imghdr", "lib2to3", "mailcap",
+    "msilib", "nis", "nntplib", "ossaudiodev", "pipes", "sndhdr", "spwd", "sunau", "telnetlib",
+    "uu", "xdrlib",
+    "tomllib",
 }  # fmt: skip
 # Longer package names make the generated imports and entry points too long for its own lint.
 MAX_PACKAGE_NAME = 64
@@ -101,15 +94,36 @@ def package_name_problem(name: str) -> str | None:
         return "is a module Python's site imports at every interpreter start"
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return "is a Python keyword"
-    if name in sys.stdlib_module_names:
+    if name in sys.stdlib_module_names or name in STDLIB_OF_OTHER_PYTHONS:
         return "shadows the standard-library module of the same name"
     if name in DEPENDENCY_MODULES:
-        return "shadows a module the project depends on or uses"
+        return "shadows a module that the project's dependencies install"
+    if name in PROJECT_MODULES:
+        return "is the name of one of the project's own folders or packages"
+    return None
+
+
+def not_utf8(value: str) -> str | None:
+    """A byte that was not UTF-8 (`caf\\xe9` on the command line or typed in a Latin-1 terminal)
+    reaches Python as a lone surrogate, which no file can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        character = ord(value[error.start])
+        if 0xDC80 <= character <= 0xDCFF:
+            return f"holds the byte 0x{character - 0xDC00:02X}, which is not UTF-8 text"
+        return f"holds U+{character:04X}, a lone surrogate that is not text"
     return None
 
 
 def problems(answers: dict) -> list[tuple[str, str]]:
     found = []
+    asked = [*FREE_TEXT, "author_email", *CHOICES]
+    for field in asked + sorted(set(answers) - set(asked)):
+        value = answers.get(field)
+        problem = not_utf8(value) if isinstance(value, str) else None
+        if problem and not field.startswith("_"):
+            found.append((field, problem))
     for field in (*FREE_TEXT, "author_email"):
         if any(syntax in str(answers.get(field, "")) for syntax in JINJA_SYNTAX):
             found.append((field, JINJA_RULE))

@@ -5,10 +5,16 @@
 #                              # whose timeout_s is at least 60 more (start-up before the script)
 #   figures.sh gpt2|large|rest # one part
 #   figures.sh check [SECONDS] # the project's GPU tests, then GPT-2 small's bf16 bench
-# TRAINER (gpu) and EXTRA (overrides added to every command) let a CPU check the plumbing.
+#   figures.sh peer [SECONDS]  # ours against the nanoGPT-style peer (bench.peer) in the same
+#                              # process: GPT-2 small at vocabularies 50304 (batch 32) and 256
+#                              # (batch 64), a GPT at 128256 (batch 16), then GPT-2 small at 50304
+#                              # with the plain loss; default 330 s: one call of timeout_s 360+
+# TRAINER (gpu) and EXTRA (overrides added last to every command, so they win) let a CPU check
+# the plumbing; TINY=1 sets both for tiny shapes on a CPU (minutes), e.g.
+#   bash .ci/gpu/prepare.sh && TINY=1 PATH="$PWD/.venv/bin:$PATH" bash .ci/gpu/figures.sh peer 900
 set -uo pipefail
-part="${1:?usage: figures.sh all [SECONDS] | check [SECONDS] | gpt2 | large | rest}"
-budget="${2:-540}"
+part="${1:?usage: figures.sh all [SECONDS] | check [SECONDS] | gpt2 | large | rest | peer [SECONDS]}"
+budget="${2:-$([ "$part" = peer ] && echo 330 || echo 540)}"
 started=$SECONDS
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/.gpu/out}"  # the device tool brings back 8 files: all of a part's go in 3
@@ -22,9 +28,16 @@ fi
 export PYTHONPATH="$PWD/.gpu/project/src:$PWD/.gpu/project${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 TRAINER="${TRAINER:-gpu}"
-read -r -a extra <<< "${EXTRA:-}"
+EXTRA="${EXTRA:-}"
+if [ "${TINY:-0}" = 1 ]; then
+  TRAINER=cpu
+  EXTRA="model.net.n_layer=1 model.net.n_head=2 model.net.n_embd=64 data.block_size=64
+    data.max_bytes=300000 model.compile=false bench.warmup=2 bench.steps=3 bench.matmul_size=128
+    $EXTRA"
+fi
+read -r -a extra <<< "$(echo $EXTRA)"
 package=lightning_hydra_project
-common=("trainer=$TRAINER" logger=csv extras.print_config=false "${extra[@]}")
+common=("trainer=$TRAINER" logger=csv extras.print_config=false)
 
 summarize() {  # after every run, so a call stopped at its limit still brings back what ran
   python3 .ci/gpu/summary.py "$WORK" > "$OUT/$part.md"
@@ -36,7 +49,7 @@ left() { echo $((budget - (SECONDS - started))); }
 doctor() {  # doctor NAME OVERRIDES...: the memory estimate for a bench run, in the background
   local name=$1 run=() setting
   shift
-  for setting in "${common[@]}" "$@"; do [[ $setting == bench.* ]] || run+=("$setting"); done
+  for setting in "${common[@]}" "$@" "${extra[@]}"; do [[ $setting == bench.* ]] || run+=("$setting"); done
   python3 -c "from $package.recipes.doctor import main; main()" --json "${run[@]}" \
     > "$WORK/$name.doctor.json" 2> "$WORK/$name.doctor.log" &
 }
@@ -50,9 +63,9 @@ bench() {  # bench SECONDS NAME OVERRIDES...: one bench.json, if SECONDS are lef
   fi
   echo "== $name: $* ($(left) s left)"
   timeout "$(($(left) > 1 ? $(left) : 1))" python3 -c "from $package.recipes.bench import main; main()" "${common[@]}" "$@" \
-    "bench.output=$WORK/$name.json" "hydra.run.dir=$WORK/runs/$name" > "$WORK/$name.log" 2>&1 \
+    "${extra[@]}" "bench.output=$WORK/$name.json" "hydra.run.dir=$WORK/runs/$name" > "$WORK/$name.log" 2>&1 \
     || echo "   failed or stopped: $(tail -n 20 "$WORK/$name.log")"
-  grep -E 'step time|MFU|TFLOP|ratio|stall|consolidated|sync|async|peak' "$WORK/$name.log" | tail -n 12
+  grep -E 'step time|MFU|TFLOP|ratio|stall|consolidated|sync|async|peak|tokens/s' "$WORK/$name.log" | tail -n 12
   summarize
 }
 
@@ -70,6 +83,9 @@ gpu_tests() {  # the log goes straight to $OUT: it comes back even if the call i
 }
 
 small=(experiment=gpt2_small)
+# Against the peer: no plain loop (the peer is the plain loop to beat), a short window after a
+# warm-up that holds both compilations.
+versus=(experiment=gpt2_small bench.plain=false bench.warmup=5 bench.steps=30)
 large=(experiment=gpt_1b bench.warmup=5 bench.steps=20)
 medium=(experiment=gpt2_medium bench.warmup=5 bench.steps=20 bench.plain=false)
 stalls=(experiment=gpt2_small strategy=model_parallel trainer.strategy.data_parallel_size=1
@@ -116,6 +132,13 @@ case "$part" in
     bench 60 checkpoints "${stalls[@]}"
     gpu_tests
     bench 60 gpt2_medium-bf16 "${medium[@]}"
+    ;;
+  peer)
+    bench 100 gpt2_small-v50304-b32 "${versus[@]}" model.net.vocab_size=50304 data.batch_size=32
+    bench 90 gpt2_small-b64 "${versus[@]}" data.batch_size=64
+    bench 100 gpt-v128256-b16 "${versus[@]}" model.net.vocab_size=128256 data.batch_size=16
+    bench 60 gpt2_small-v50304-b32-plain-loss "${versus[@]}" model.net.vocab_size=50304 \
+      data.batch_size=32 model.net.loss_chunk_size=null bench.peer=null
     ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac

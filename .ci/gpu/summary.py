@@ -44,6 +44,28 @@ def training_rows(runs: list[tuple[Path, dict]]) -> list[str]:
     return rows
 
 
+def peer_rows(runs: list[tuple[Path, dict]]) -> list[str]:
+    """Ours (the Lightning loop) against the nanoGPT-style peer of the same run."""
+    rows = [
+        "| run | device | vocab | batch | loss chunk | step ms (ours, peer) | ours/peer time "
+        "| tokens/s (ours, peer) | peak GiB (ours, peer) | ours/peer memory |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path, result in runs:
+        ours, peer, net = result["lightning"], result.get("peer", {}), result.get("net", {})
+        rows.append(
+            f"| {path.stem} | {result['device']} | {net.get('vocab_size', '-')} "
+            f"| {result['batch_size']} | {net.get('loss_chunk_size') or '-'} "
+            f"| {number(ours['step_time_median_s'], 1e3, 2)}, "
+            f"{number(peer.get('step_time_median_s'), 1e3, 2)} "
+            f"| {number(result.get('peer_ratio'), 1, 3)} "
+            f"| {number(ours['tokens_per_sec'], 1, 0)}, {number(peer.get('tokens_per_sec'), 1, 0)} "
+            f"| {number(ours['peak_memory_gib'], 1, 2)}, {number(peer.get('peak_memory_gib'), 1, 2)} "
+            f"| {number(result.get('peer_memory_ratio'), 1, 3)} |"
+        )
+    return rows
+
+
 def checkpoint_rows(path: Path, result: dict) -> list[str]:
     rows = [
         "| mode | saves | stall per save (s) | of it waiting (s) | write per save (s) "
@@ -74,6 +96,9 @@ def main(out: Path) -> None:
             print("\n".join(checkpoint_rows(path, result)))
     if runs:
         print("\n" + "\n".join(training_rows(runs)))
+    compared = [(path, result) for path, result in runs if "net" in result]
+    if compared:
+        print("\n" + "\n".join(peer_rows(compared)))
 
 
 if __name__ == "__main__":

@@ -87,7 +87,14 @@ def start(
         stdin=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        preexec_fn=answer_ctrl_c,
     )
+
+
+def answer_ctrl_c() -> None:
+    """SIGINT as a terminal's command gets it, also where the tests run in the background (whose
+    commands inherit SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 600) -> tuple[int, str]:

@@ -16,12 +16,11 @@ from hydra.utils import instantiate
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.recipes.bench import (
     check_bench_settings,
+    report,
     training,
 )
-from {{ cookiecutter.package_name }}.recipes.bench.training import (
-    StepClock,
-    bench,
-)
+from {{ cookiecutter.package_name }}.recipes.bench.clock import StepClock
+from {{ cookiecutter.package_name }}.recipes.bench.training import bench
 {%- if cookiecutter.examples != "vision" %}
 from {{ cookiecutter.package_name }}.run.machine import FP8_ON_CPU
 
@@ -61,7 +60,8 @@ def assert_sane(results: dict[str, Any]) -> None:
     assert results["device"]
     assert results["matmul_tflops"] > 0
     assert results["same_batches"] is True
-    for loop in ("lightning", "plain"):
+    loops = [loop for loop in ("lightning", "plain", "peer") if loop in results]
+    for loop in loops:
         figures = results[loop]
         for field in LOOP_FIELDS:
             assert math.isfinite(figures[field]) and figures[field] >= 0, (loop, field)
@@ -73,7 +73,7 @@ def assert_sane(results: dict[str, Any]) -> None:
         assert figures["mfu"] is None
         assert figures["compile_s"] is None
     assert results["peak_tflops"] is None
-    for loop in ("lightning", "plain"):
+    for loop in loops:
         share = results[loop]["mfu_vs_matmul"]
         assert (share is None and results["matmul_note"]) or 0 < share <= 1, (loop, share)
     assert results["matmul_tflops"] == max(results["matmul_tflops_before_after"])
@@ -97,6 +97,12 @@ def test_bench_digits_on_cpu(tmp_path: Path) -> None:
     assert results["flops_per_sample"] > 0
     assert results["tokens_per_sample"] is None
     assert results["lightning"]["tokens_per_sec"] is None
+{%- if cookiecutter.examples == "both" %}
+    # The nanoGPT-style peer mirrors a GPT only; a convnet runs without it, and says so.
+    assert "peer" not in results and "peer_ratio" not in results
+    assert "mirrors a GPT" in results["peer_note"]
+    assert results["peer_note"] in report.report(results)
+{%- endif %}
 {%- endif %}
 {%- if cookiecutter.examples != "vision" %}
 
@@ -115,9 +121,47 @@ def test_bench_language_on_cpu(tmp_path: Path) -> None:
     )
     assert_sane(results)
     assert results["tokens_per_sample"] == 64
-    for loop in ("lightning", "plain"):
+    for loop in ("lightning", "plain", "peer"):
         figures = results[loop]
         assert figures["tokens_per_sec"] == pytest.approx(figures["samples_per_sec"] * 64)
+    # The peer trained a network of the same size on the same batches, in the same process.
+    assert results["peer_name"] == "nanogpt" and results["peer_same_batches"] is True
+    assert results["peer"]["trained_parameters"] == results["lightning"]["trained_parameters"]
+    assert results["peer_ratio"] == pytest.approx(
+        results["lightning"]["step_time_median_s"] / results["peer"]["step_time_median_s"]
+    )
+    assert math.isfinite(results["peer_ratio_mean"]) and results["peer_ratio_mean"] > 0
+    assert results["peer_memory_ratio"] is None  # no peak memory on a CPU
+    printed = report.report(results)
+    assert printed.splitlines()[2].split() == ["lightning", "plain", "nanogpt"]
+    assert f"Lightning/nanogpt step time: {results['peer_ratio']:.3f} (median)" in printed
+
+
+def test_the_peer_is_a_gpt_of_the_measured_shape(tmp_path: Path) -> None:
+    """nanoGPT's model with the measured net's sizes: as many parameters in the same places
+    (tied embeddings, no biases), and its first loss that of a uniform guess."""
+    from {{ cookiecutter.package_name }}.recipes.bench.peer import NanoGPT, peer_shape
+
+    cfg = compose_config("bench", ["experiment=gpt2_small", "model.net.vocab_size=50304"], tmp_path)
+    with torch.device("meta"):
+        ours = instantiate(cfg.model.net)
+        peer = NanoGPT(**peer_shape(cfg.model.net))  # type: ignore[arg-type]
+    assert peer_shape(cfg.model.net) == {
+        "vocab_size": 50304, "block_size": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768,
+        "bias": False,
+    }  # fmt: skip
+    shapes = sorted(tuple(p.shape) for p in peer.parameters())
+    assert shapes == sorted(tuple(p.shape) for p in ours.parameters())
+    assert peer.lm_head.weight is peer.wte.weight
+    small = NanoGPT(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=False)
+    tokens, targets = torch.randint(0, 64, (2, 4, 16))
+    assert small(tokens, targets).item() == pytest.approx(math.log(64), abs=0.1)
+
+
+def test_bench_without_the_peer(tmp_path: Path) -> None:
+    results = run_bench(tmp_path, *SMALL_GPT, "bench.peer=null", "bench.plain=false")
+    assert {"plain", "peer", "peer_ratio", "ratio"}.isdisjoint(results)
+    assert results["lightning"]["step_time_median_s"] > 0
 
 
 SMALL_GPT = [
@@ -140,7 +184,7 @@ def test_both_loops_train_the_same_network(
     """FP8 layers and LoRA adapters in the plain loop too, or its times compare nothing."""
     pytest.importorskip("torchao")
     monkeypatch.setenv(FP8_ON_CPU, "1")
-    results = run_bench(tmp_path, *SMALL_GPT, *setting)
+    results = run_bench(tmp_path, *SMALL_GPT, *setting, "bench.peer=null")
     assert_same_network(results)
     assert results["lightning"]["float8_layers"] == float8_layers
     net = instantiate(compose_config("bench", SMALL_GPT, tmp_path).model.net)
@@ -252,9 +296,11 @@ def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
     ("setting", "words"),
     [
         ("bench.steps=1", "bench.steps=1: use a whole number of 2 or more"),
-        ("bench.steps=many", "bench.steps='many'"),
         ("bench.warmup=0", "bench.warmup=0"),
         ("bench.matmul_size=0", "bench.matmul_size=0"),
+{%- if cookiecutter.examples != "vision" %}
+        ("bench.peer=llmc", "bench.peer=llmc: use nanogpt"),
+{%- endif %}
         ("bench.repeats=0", "bench.repeats=0"),
         ("bench.save_every=-1", "bench.save_every=-1"),
         ("bench.checkpointing=true bench.save_every=100", "more than bench.steps"),
@@ -263,7 +309,6 @@ def test_bench_without_plain_loop_has_no_ratio(tmp_path: Path) -> None:
         ("bench.output=/dev/null", "a device, a pipe or a socket"),
         ("bench.output=/proc/bench.json", "cannot be written"),
         ("paths.log_dir=", "paths.log_dir is empty"),
-        ("seed=abc", "seed='abc'"),
         ("trainer.devices=0", "trainer.devices=0"),
     ],
 )
@@ -302,7 +347,7 @@ def test_both_mfu_rows_are_percentages_of_a_ceiling_in_tflops(peak: float | None
         "fp8": None, "batch_size": 64, "steps": 6, "warmup_steps": 2, "peak_tflops": peak,
         "matmul_tflops": 1234.56, "lightning": loop, "plain": loop,
     }  # fmt: skip
-    lines = training.report(results).splitlines()
+    lines = report.report(results).splitlines()
     rows = {line[:38].strip(): line[38:].split() for line in lines[2:]}
     assert rows["MFU vs matmul (% of 1234.6 TFLOP/s)"] == ["53.0", "53.0"]
     table = "MFU vs table (% of 989.4 TFLOP/s)" if peak else "MFU vs table peak (%)"

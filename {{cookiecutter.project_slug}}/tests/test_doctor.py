@@ -215,7 +215,6 @@ def test_a_run_bigger_than_the_machines_memory_on_a_cpu_is_warned(
     ("setting", "words"),
     [
         ("trainer.devices=0", "trainer.devices=0"),
-        ("seed=abc", "seed='abc'"),
         ("data.batch_size=0", "data.batch_size=0"),
         ("data.batch_size=-4", "data.batch_size=-4"),
         ("data.batch_size=abc", "data.batch_size='abc'"),

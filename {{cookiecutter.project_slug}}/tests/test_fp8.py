@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.fp8 import (
@@ -32,6 +31,7 @@ from {{ cookiecutter.package_name }}.run.machine import (
     check_fp8,
     resolve_accelerator,
 )
+from {{ cookiecutter.package_name }}.run.plan import strategy_of
 
 from .helpers import PACKAGE, run_cli
 from .killing import (
@@ -165,14 +165,12 @@ def test_fp8_under_trainer_gpu_is_judged_by_the_gpus_compute_capability(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "a test GPU")
-    model, trainer = {"fp8": "tensorwise"}, {"strategy": "auto"}
-    cfg = OmegaConf.create({"model": model, "trainer": trainer})
     net = GPT(256, 32, n_layer=1, n_head=2, n_embd=64)
     if refused:
         with pytest.raises(ConfigError, match=r"a test GPU has 8\.0"):
-            check_fp8(cfg, resolve_accelerator("gpu"), net)
+            check_fp8("tensorwise", strategy_of("auto"), resolve_accelerator("gpu"), net)
     else:
-        check_fp8(cfg, resolve_accelerator("gpu"), net)
+        check_fp8("tensorwise", strategy_of("auto"), resolve_accelerator("gpu"), net)
 
 
 @pytest.mark.slow

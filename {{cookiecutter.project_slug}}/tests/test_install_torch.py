@@ -149,3 +149,112 @@ def test_when_the_tested_torch_fails_the_newest_is_the_fix(
     assert script.main() == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert script.TESTED in line and "make install TORCH=torch " in line, line
+
+
+@pytest.mark.parametrize(
+    ("torch", "torchvision"),
+    [
+        ("torch==2.13.0", "torchvision==0.28.*"),
+        ("2.13.0+cpu", "torchvision==0.28.*"),
+        ("2.14.1", "torchvision==0.29.*"),
+        ("torch==2.6.0", "torchvision==0.21.*"),
+        ("2.9.1+cu128", "torchvision==0.24.*"),
+        ("torch", "torchvision"),
+        ("torch>=2.6", "torchvision"),
+        (None, "torchvision"),
+    ],
+)
+def test_torchvision_is_the_release_made_for_the_torch(torch: str | None, torchvision: str) -> None:
+    assert load_script().torchvision_requirement(torch) == torchvision
+
+
+def vision_machine(
+    monkeypatch: pytest.MonkeyPatch,
+    torch_installed: str | None,
+    works: bool = True,
+    reachable: bool = True,
+) -> tuple[ModuleType, list[list[str]]]:
+    """The script on a machine without a driver, pip mocked; torch_installed: the installed
+    torch's version, or None."""
+    script = load_script()
+    calls: list[list[str]] = []
+    versions = {"torch": torch_installed or "2.13.0+cpu", "torchvision": "0.28.0+cpu"}
+    monkeypatch.setattr(
+        script.importlib.util, "find_spec", lambda name: object() if torch_installed else None
+    )
+    monkeypatch.setattr(script, "installed_version", lambda name: versions[name])
+    monkeypatch.setattr(script.shutil, "which", lambda name: None)
+    monkeypatch.setattr(script, "reachable", lambda url: reachable)
+    monkeypatch.setattr(script, "offered", lambda requirement: CPU_WHEEL)
+    monkeypatch.setattr(script.subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(
+        script, "torchvision_failure", lambda: None if works else "operator nms does not exist"
+    )
+    monkeypatch.delenv("TORCH_CUDA", raising=False)
+    return script, calls
+
+
+def test_vision_installs_the_pair_in_one_command_from_the_cpu_index_then_timm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script, calls = vision_machine(monkeypatch, torch_installed=None)
+    monkeypatch.setattr(sys, "argv", ["install_torch.py", "torch==2.13.0", "--vision"])
+    assert script.main() == 0
+    pair, timm = calls
+    assert {"torch==2.13.0", "torchvision==0.28.*"} <= set(pair)
+    assert pair[pair.index("--index-url") + 1] == script.CPU_INDEX
+    assert timm[4:] == ["timm>=1.0", "torch==2.13.0+cpu", "torchvision==0.28.0+cpu"]
+
+
+def test_vision_offline_takes_the_pair_from_the_configured_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script, calls = vision_machine(monkeypatch, torch_installed=None, reachable=False)
+    monkeypatch.setattr(sys, "argv", ["install_torch.py", "--vision"])
+    assert script.main() == 0
+    pair, _ = calls
+    assert pair[4:] == [script.TESTED, "torchvision==0.28.*"] and "--index-url" not in pair
+
+
+@pytest.mark.parametrize(
+    ("torch", "index"),
+    [("2.13.0+cpu", "https://download.pytorch.org/whl/cpu"), ("2.13.0", None),
+     ("2.14.1+cu128", "https://download.pytorch.org/whl/cu128")],
+)  # fmt: skip
+def test_vision_beside_an_installed_torch_holds_it_and_uses_its_builds_index(
+    torch: str, index: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCH_INDEX_URL", raising=False)
+    script, calls = vision_machine(monkeypatch, torch_installed=torch)
+    monkeypatch.setattr(sys, "argv", ["install_torch.py", "torch==2.13.0", "--vision"])
+    assert script.main() == 0
+    pair, timm = calls
+    minor = int(torch.split(".")[1]) + 15
+    assert pair[4:6] == [f"torchvision==0.{minor}.*", f"torch=={torch}"]
+    assert (pair[pair.index("--index-url") + 1] if "--index-url" in pair else None) == index
+    assert f"torch=={torch}" in timm
+
+
+def test_a_torchvision_that_does_not_import_is_uninstalled_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, calls = vision_machine(monkeypatch, torch_installed="2.13.0+cpu", works=False)
+    monkeypatch.setattr(sys, "argv", ["install_torch.py", "--vision"])
+    assert script.main() == 1
+    assert calls[-1][-3:] == ["uninstall", "--yes", "torchvision"], "and no timm"
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "model/backbone=hugging_face" in line
+
+
+def test_without_vision_no_torchvision_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    script, calls = vision_machine(monkeypatch, torch_installed=None)
+    monkeypatch.setattr(sys, "argv", ["install_torch.py", "torch==2.13.0"])
+    assert script.main() == 0
+    (command,) = calls
+    assert not [part for part in command if "torchvision" in part or "timm" in part]
+
+
+def test_make_install_passes_vision_on() -> None:
+    """`make install VISION=1` runs the script with --vision."""
+    makefile = (PROJECT / "Makefile").read_text()
+    assert "$(if $(VISION),--vision)" in makefile

@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.models.lora import (
 from {{ cookiecutter.package_name }}.models.nets.gpt import (
     GPT,
 )
+from {{ cookiecutter.package_name }}.run.plan import strategy_of
 
 from .helpers import compose_config
 
@@ -67,7 +68,7 @@ def test_activations_and_autocast_copies_match_what_the_forward_pass_saves(
     layers, width, heads, context, batch = shape
     net = GPT(256, context, layers, heads, width).train()
     measured = saved_by_forward(net, batch, precision == "bf16-mixed")
-    plan = plan_memory(model_config(*shape[:4]), batch, precision, 1, "auto")
+    plan = plan_memory(model_config(*shape[:4]), batch, precision, 1, False)
     parameters = sum(p.numel() for p in net.parameters())
     copies = plan.weights - parameters * 4  # the 16-bit weight copies (none in float32)
     assert plan.activations is not None
@@ -95,7 +96,7 @@ def test_weights_gradients_and_optimizer_state_match_a_real_step(lora: bool) -> 
     adapters = {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": TARGETS}
     extra = {"lora": adapters}
     plan = plan_memory(
-        model_config(2, 64, 2, 32, **(extra if lora else {})), 2, "32-true", 1, "ddp"
+        model_config(2, 64, 2, 32, **(extra if lora else {})), 2, "32-true", 1, False
     )
     net = GPT(256, 32, 2, 2, 64)
     if lora:
@@ -113,8 +114,8 @@ def test_weights_gradients_and_optimizer_state_match_a_real_step(lora: bool) -> 
 
 
 def test_an_fp8_estimate_is_the_bf16_one_and_says_it_is_an_upper_bound() -> None:
-    bf16 = plan_memory(model_config(2, 64, 2, 32), 4, "bf16-mixed", 1, "auto")
-    fp8 = plan_memory(model_config(2, 64, 2, 32, fp8="tensorwise"), 4, "bf16-mixed", 1, "auto")
+    bf16 = plan_memory(model_config(2, 64, 2, 32), 4, "bf16-mixed", 1, False)
+    fp8 = plan_memory(model_config(2, 64, 2, 32, fp8="tensorwise"), 4, "bf16-mixed", 1, False)
     assert fp8.total == bf16.total
     assert "upper bound" in fp8.summary() and "upper bound" not in bf16.summary()
 
@@ -129,9 +130,9 @@ def test_sharding_divides_weights_gradients_and_optimizer_but_not_activations(
         name: compose_config("train", [f"strategy={name}"], tmp_path).trainer.strategy
         for name in ("ddp", strategy)
     }
-    whole = plan_memory(config, 4, "bf16-mixed", 4, built["ddp"])
+    whole = plan_memory(config, 4, "bf16-mixed", 4, strategy_of(built["ddp"]).shards)
     for sharding in (built[strategy], strategy):
-        sharded = plan_memory(config, 4, "bf16-mixed", 4, sharding)
+        sharded = plan_memory(config, 4, "bf16-mixed", 4, strategy_of(sharding).shards)
         assert sharded.sharded and not whole.sharded, sharding
         assert sharded.optimizer == whole.optimizer // 4
         assert sharded.activations == whole.activations

@@ -147,7 +147,8 @@ def test_no_module_imports_itself_through_others() -> None:
         walk(module, [])
 
 
-# What reads untrusted bytes, or builds objects from a config, and the one module each may be in.
+# What reads untrusted bytes, or builds objects from a config, and the one module (or package) each
+# may be in.
 DOORS = {
     "checkpointing.door": {
         "pickle", "torch.load", "torch.export.load", "torch.distributed.checkpoint.load",
@@ -188,7 +189,7 @@ def used_outside_its_door() -> dict[str, list[str]]:
         module: sorted(
             name
             for door, names in DOORS.items()
-            if module != door
+            if module != door and not module.startswith(f"{door}.")
             for name in names_used(module)
             if any(name == gate or name.startswith(gate + ".") for gate in names)
         )
@@ -197,9 +198,9 @@ def used_outside_its_door() -> dict[str, list[str]]:
 
 
 def test_untrusted_files_are_read_and_configs_built_only_behind_their_doors() -> None:
-    """No module but `checkpointing.door` unpickles, calls `torch.load` or a safetensors loader,
-    or hands a folder to a torch.distributed.checkpoint loader; none but `targets` calls Hydra's
-    instantiate."""
+    """No module outside the `checkpointing.door` package unpickles, calls `torch.load` or a
+    safetensors loader, or hands a folder to a torch.distributed.checkpoint loader; none but
+    `targets` calls Hydra's instantiate."""
     assert {module: found for module, found in used_outside_its_door().items() if found} == {}
 
 
@@ -212,9 +213,21 @@ def test_the_door_check_sees_a_call_written_anywhere(tmp_path: Path) -> None:
     try:
         probe.write_text(source)
         MODULES["door_probe"] = probe
-        assert used_outside_its_door()["door_probe"] == [
+        MODULES["checkpointing.doorway"] = probe  # a name that only begins like the door's
+        found = used_outside_its_door()
+        assert found["door_probe"] == [
             "hydra.utils.instantiate", "instantiate", "pickle", "safe_open",
             "safetensors.safe_open", "safetensors.torch.load_file", "torch.load",
         ]  # fmt: skip
+        assert found["checkpointing.doorway"] == found["door_probe"]
     finally:
         MODULES.pop("door_probe", None)
+        MODULES.pop("checkpointing.doorway", None)
+{%- if cookiecutter.examples != "vision" %}
+
+
+def test_the_bench_peer_is_written_apart_from_the_project_models() -> None:
+    """The nanoGPT-style peer that the bench measures us against has its own model and loop: it
+    imports none of the project's models (a change to ours cannot change the peer)."""
+    assert {top(target) for target in GRAPH["recipes.bench.peer"]} <= {"recipes", "targets"}
+{%- endif %}

@@ -24,7 +24,7 @@ from {{ cookiecutter.package_name }}.run.machine import (
     resolve_precision,
 )
 
-from .helpers import PACKAGE, ComposeFn, run_cli
+from .helpers import PACKAGE, ComposeFn, compose_config, run_cli
 
 
 def test_precision_auto_is_32_on_cpu() -> None:
@@ -130,6 +130,26 @@ def test_debug_preset_trains(train_config: ComposeFn, preset: str) -> None:
     if preset == "profiler":
         traces = list((Path(cfg.paths.output_dir) / "profiler").glob("*.json"))
         assert traces, "the profiler must write a trace"
+
+
+def test_debug_default_is_one_epoch_on_the_cpu_without_a_logger(tmp_path: Path) -> None:
+    """As lightning-hydra-template's debug=default: composed as the command line would, then
+    run (a few batches of that one epoch)."""
+    cfg = compose_config("train", ["debug=default"], tmp_path)
+    assert cfg.trainer.accelerator == "cpu" and cfg.trainer.devices == 1
+    assert cfg.trainer.max_epochs == 1 and cfg.trainer.detect_anomaly is True
+    assert not cfg.get("logger") and cfg.data.num_workers == 0 and cfg.task_name == "debug"
+    limits = [
+        "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "trainer.val_check_interval=null",
+        "trainer.check_val_every_n_epoch=1",
+    ]  # fmt: skip
+    cfg = compose_config("train", ["debug=default", "extras.print_config=false", *limits], tmp_path)
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["test/loss"])
+    last = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 3, "one epoch of its 3 batches"
+    assert not (Path(cfg.paths.output_dir) / "csv").exists(), "no logger"
 
 
 def test_training_loss_reaches_the_logger_every_log_every_n_steps(train_config: ComposeFn) -> None:

@@ -125,7 +125,8 @@ def one_line_error(response: httpx.Response, status: int, *words: str) -> None:
 
 def rebuilt(ckpt: Path, tmp_path: Path) -> Trained:
     """The checkpoint's model and data as the commands rebuild them, here in the test."""
-    trained = rebuild(compose_config("serve", [f"ckpt_path={ckpt}"], tmp_path))
+    cfg = compose_config("serve", [f"ckpt_path={ckpt}"], tmp_path)
+    trained = rebuild(cfg.ckpt_path, False, cfg.data, cfg.model)
     trained.model.eval()
     return trained
 

@@ -1,6 +1,7 @@
-"""SIGTERM, SIGUSR1 and SIGUSR2 in each phase, sent to the main process or to its whole process
-group (DataLoader workers and all), alone and inside a multirun: the run never exits 0 before it
-is finished, saves what it trained, exits 143, and the same command finishes it exactly."""
+"""SIGTERM, SIGUSR1, SIGUSR2 and Ctrl-C (SIGINT) in each phase, sent to the main process or to its
+whole process group (DataLoader workers and all), alone and inside a multirun: the run never exits
+0 before it is finished, saves what it trained, exits 143 (130 for Ctrl-C), and the same command
+finishes it exactly."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .helpers import PACKAGE
 from .killing import (
     SMALL_RUN,
     References,
+    answer_ctrl_c,
     assert_same_outcome,
     batches_by_step,
     fault,
@@ -65,6 +67,98 @@ def test_signal_in_a_phase_exits_143_and_the_same_command_finishes_exactly(
     code, output = run(command, tmp_path / "run")
     assert code == 0, output[-3000:]
     assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_at_the_step_says_so_in_one_line_exits_130_and_the_same_command_finishes(
+    tmp_path: Path, reference_run: References
+) -> None:
+    """Ctrl-C (SIGINT to the whole foreground group, DataLoader workers included) finishes the
+    step, saves last.ckpt as SIGTERM does and exits 130, without a traceback."""
+    command = [*SMALL_RUN, *WORKERS, *fault("train_step", 2, tmp_path / "fired", "SIGINT", True)]
+    code, output = run(command, tmp_path / "run")
+    assert code == 130, output[-3000:]
+    last = run_dir(tmp_path / "run") / "checkpoints" / "last.ckpt"
+    said = f"Stopped by Ctrl-C at step 2: saved {last}; run the same command to resume."
+    assert said in output, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+
+    code, output = run(command, tmp_path / "run")
+    assert code == 0, output[-3000:]
+    assert_same_outcome(reference_run(SMALL_RUN), tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_sweep_saves_the_job_stops_the_sweep_and_the_same_command_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C during the first job of a multirun: that job saves, no other job starts, the sweep
+    exits 130; the same command resumes the job and runs the other."""
+    interrupt = fault("train_step", 2, tmp_path / "fired", "SIGINT", whole_group=True)
+    sweep = ["--multirun", *SMALL_RUN, *WORKERS, *interrupt, "trainer.max_epochs=1", "seed=1,2"]
+    code, output = run(sweep, tmp_path)
+    assert code == 130, output[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    saved = sweep_dir / "0" / "checkpoints" / "last.ckpt"
+    assert f"Stopped by Ctrl-C at step 2: saved {saved}" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert not (sweep_dir / "1").exists(), "no job starts after Ctrl-C"
+
+    code, output = run(sweep, tmp_path)
+    assert code == 0, output[-3000:]
+    assert "Resuming from" in output
+    rows = (sweep_dir / "summary.csv").read_text().split()[1:]
+    assert [row.split(",")[2] for row in rows] == ["COMPLETED", "COMPLETED"]
+
+
+def test_ctrl_c_before_training_ends_the_command_in_one_line_and_leaves_no_run_folder(
+    tmp_path: Path,
+) -> None:
+    """Before the loop there is nothing to save: Ctrl-C, once the run has its folder, ends the
+    command at once with one line and exit code 130, and the folder goes."""
+    running = start([*SMALL_RUN, "trainer.max_epochs=1"], tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("logs/train/runs/*/train.log")):
+            assert running.poll() is None and time.monotonic() < deadline, "it never started"
+            time.sleep(0.05)
+        os.killpg(running.pid, signal.SIGINT)
+        code, output = finish(running, timeout=120)
+    finally:
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.wait()
+    assert code == 130, output[-3000:]
+    said = "Stopped by Ctrl-C before training started: nothing new to save; run the same command"
+    assert said in output and "Traceback" not in output, output[-3000:]
+    assert not list(tmp_path.glob("logs/train/runs/*")), "a run that never started leaves nothing"
+
+
+SECOND_CTRL_C = """
+import os, signal, sys
+from {package}.run import stop_signals
+
+with stop_signals.watch():
+    stop_signals.reassert()  # as the run's loop starts
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop_signals.received() == signal.SIGINT, "the first Ctrl-C is recorded"
+    print("recorded; the run goes on to its next step", flush=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    print("the second Ctrl-C did not stop it", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path: Path) -> None:
+    """The first Ctrl-C is recorded (the run saves at its next step); a second one, for when that
+    takes too long, ends the process at once by SIGINT's default action: no traceback."""
+    result = subprocess.run(
+        [sys.executable, "-c", SECOND_CTRL_C.format(package=PACKAGE)], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, preexec_fn=answer_ctrl_c,
+    )  # fmt: skip
+    assert result.returncode == -signal.SIGINT, result.stdout + result.stderr
+    assert result.stdout == "recorded; the run goes on to its next step\n"
+    assert result.stderr == ""
 
 
 ACCUMULATING = [*SMALL_RUN, "trainer.accumulate_grad_batches=2"]

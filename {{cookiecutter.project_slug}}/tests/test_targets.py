@@ -278,7 +278,7 @@ def test_a_hydra_callback_is_checked_before_hydra_builds_it(tmp_path: Path) -> N
         assert not made.exists() and not (tmp_path / "logs").exists()
     # Listed exactly, it is built (the run then stops at its bad seed).
     listed = run_cli(
-        "-m", PACKAGE, "seed=abc", *callback, "allowed_targets=[pathlib.Path.mkdir]", cwd=tmp_path
+        "-m", PACKAGE, "seed=-1", *callback, "allowed_targets=[pathlib.Path.mkdir]", cwd=tmp_path
     )
     assert listed.returncode == 1 and "seed" in listed.stderr and made.is_dir()
 
@@ -307,7 +307,7 @@ def test_a_logging_config_naming_other_code_is_refused_before_anything_is_made(
         assert f"{key}=zipfile.ZipFile in the config is not allowed" in lines[0]
         assert not made.exists() and not (tmp_path / "logs").exists()
     # Listed exactly, it is built (and Hydra's logging set-up then fails on what it returns).
-    run_cli("-m", PACKAGE, "seed=abc", *handler, "allowed_targets=[zipfile.ZipFile]", cwd=tmp_path)
+    run_cli("-m", PACKAGE, "seed=-1", *handler, "allowed_targets=[zipfile.ZipFile]", cwd=tmp_path)
     assert made.is_file()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import signal
 import struct
@@ -109,6 +110,8 @@ def test_predict_classifies_image_files_of_any_size_and_the_test_split(
         top = [int(c) for c in row["top_classes"].split()]
         probabilities = [float(p) for p in row["top_probabilities"].split()]
         assert len(top) == 3 and top[0] == int(row["class"]) and 0 <= top[0] <= 9
+        # The digits' class names are their digits.
+        assert row["name"] == row["class"] and json.loads(row["top_names"]) == list(map(str, top))
         assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1.0001
     # The PNG files hold the training images exactly: most are recognised after 3 epochs.
     correct = sum(int(row["class"]) == int(labels[i]) for i, row in enumerate(rows) if i % 2)

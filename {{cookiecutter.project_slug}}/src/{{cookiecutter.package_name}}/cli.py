@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import hydra
@@ -90,13 +91,28 @@ def paste_back_arguments() -> None:
             sys.exit(1)
 
 
+@contextmanager
+def ctrl_c_is_one_line() -> Iterator[None]:
+    """Ctrl-C before a run's loop, or in a sweep's driver between its jobs, ends the command with
+    one line and exit code 130 (inside the loop the run saves first: run.stop_signals)."""
+    stop_signals.interrupt_from_startup()
+    try:
+        yield
+    except stop_signals.Interrupted as stopped:
+        remove_unused_run_dir(stopped.run_dir)
+        end_progress_bars()
+        print(stopped, file=sys.stderr)
+        sys.exit(stop_signals.INTERRUPTED_EXIT_CODE)
+
+
 def train() -> None:
     stop_when_the_torchrun_agent_dies()
     if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a sweep's driver stops as it always did
         stop_signals.record_from_startup()
     paste_back_arguments()
     try:
-        train_main()
+        with ctrl_c_is_one_line():
+            train_main()
     finally:
         stop_signals.ignore_warnings()
 
@@ -132,7 +148,8 @@ def evaluate() -> None:
     stop_signals.record_from_startup()
     paste_back_arguments()
     try:
-        evaluate_main()
+        with ctrl_c_is_one_line():
+            evaluate_main()
     finally:
         stop_signals.ignore_warnings()
 

@@ -4,8 +4,10 @@ HYDRA_FULL_ERROR=1 still shows Hydra's own report with its stack trace. No torch
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import yaml
 from hydra._internal import utils as hydra_utils
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from .errors import ConfigError
 
@@ -83,6 +85,37 @@ def file_being_read(error: BaseException) -> str | None:
     return None
 
 
+EXPECTED = (
+    ("bool", "true or false"), ("int", "a whole number"), ("float", "a number"),
+    ("list", "a list, e.g. [a,b]"), ("str", "text"),
+)  # fmt: skip
+
+
+def schema_error(error: BaseException) -> str | None:
+    """A value of the wrong type, or a key that is no setting, in the project's own settings
+    (configs/schema.py), as Hydra found it while composing (a config file's, as the context)."""
+    cause = error.__cause__ or error.__context__
+    schema = getattr(cause, "object_type", None)
+    if not isinstance(cause, (ValidationError, ConfigKeyError)) or not cause.full_key:
+        return None
+    if not (dataclasses.is_dataclass(schema) and schema.__module__.endswith("configs.schema")):
+        return None
+    if isinstance(cause, ConfigKeyError):
+        found = re.match(r"In '([^']+)'", str(error))
+        where = f", set in {found.group(1)}.yaml," if found else ""
+        return (
+            f"{cause.full_key}{where} is not a setting of this command: check the spelling "
+            "(--cfg job prints every key; configs/schema.py lists the settings)."
+        )
+    types = {item.name: str(item.type) for item in dataclasses.fields(schema)}
+    typed = types.get(str(cause.key), "")
+    expected = next((words for name, words in EXPECTED if typed.startswith(name)), None)
+    if expected is None:
+        return None
+    nothing = ", or null" if "None" in typed else ""
+    return f"{cause.full_key}={cause.value!r}: use {expected}{nothing}."
+
+
 def one_line(error: BaseException) -> str | None:
     """The one line that reports `error`, or None for an error that is a bug (kept as a trace)."""
     if isinstance(error, ConfigError):
@@ -111,6 +144,8 @@ def one_line(error: BaseException) -> str | None:
     if isinstance(error, MissingConfigException) and error.options:
         what = lines_of(str(error))[0]
         return f"{what} Choose one of: {', '.join(sorted(error.options))}."
+    if isinstance(error, HydraException) and schema_error(error):
+        return schema_error(error)
     if isinstance(error, HydraException):
         parts = lines_of(str(error))
         cause = error.__cause__

@@ -94,17 +94,17 @@ HYDRA_START_FILES = (
     "prepare.log",
     "debug.log",
     "run_overrides.json",
-{%- if cookiecutter.logger == "wandb" %}
     "wandb_run_id.txt",
-{%- endif %}
+    "tracking.json",
     ".lock",
 )
 
 
-def remove_unused_run_dir() -> None:
+def remove_unused_run_dir(run_dir: str | None = None) -> None:
     """A run directory holding only what a command writes before it starts training (Hydra's
     `.hydra/` and log, the recorded overrides) was made by the command that failed: it goes, with
-    the folders above it that it leaves empty, so bad input leaves nothing behind."""
+    the folders above it that it leaves empty, so bad input leaves nothing behind. (`run_dir`:
+    the job's, once Hydra has forgotten it.)"""
     import logging
     import shutil
     from pathlib import Path
@@ -114,11 +114,12 @@ def remove_unused_run_dir() -> None:
     from .run import lock as run_lock
 
     try:
-        folder = Path(HydraConfig.get().runtime.output_dir)
+        folder = Path(run_dir or HydraConfig.get().runtime.output_dir)
     except Exception:  # no Hydra run (a test composing configs), or no output directory
         return
     here = Path.cwd().resolve()
-    if not (folder / ".hydra").is_dir() or folder.resolve() in (here, *here.parents):
+    made_by_hydra = (folder / ".hydra").is_dir() or run_dir is not None  # (or about to be)
+    if not (made_by_hydra and folder.is_dir()) or folder.resolve() in (here, *here.parents):
         return  # never the folder the command runs in (hydra.run.dir=.), nor one above it
     if any(
         path.name not in HYDRA_START_FILES and not (path.is_dir() and not any(path.iterdir()))
@@ -127,8 +128,9 @@ def remove_unused_run_dir() -> None:
         return  # an empty folder (what a logger left once its files were removed) is no output
     if run_lock.holder(folder) is not None:
         return  # another process's live run
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+    for handler in list(logging.getLogger().handlers):
+        if isinstance(handler, logging.FileHandler):  # removed too: an emit would reopen the file
+            logging.getLogger().removeHandler(handler)
             handler.close()
     shutil.rmtree(folder, ignore_errors=True)
     for parent in folder.parents:

@@ -1,37 +1,43 @@
-"""Instantiating loggers and callbacks from their config groups."""
+"""Instantiating loggers and callbacks from their config groups. Each job of a command is a tracker
+run of its own (W&B, MLflow): named by the job's overrides, grouped by its multirun, finished when
+the job ends, and continued (same id) when the same command runs the job again."""
 
 from __future__ import annotations
 
 import csv
+import fcntl
+import json
 import logging
-{%- if cookiecutter.logger == "wandb" %}
 import os
+import re
 import secrets
+import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-{%- endif %}
 from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import loggers
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-{%- if cookiecutter.logger == "wandb" %}
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
 from .run.machine import wandb_login_present
 from .targets import build
-{%- else %}
-from omegaconf import DictConfig
-
-from .errors import ConfigError
-from .targets import build
-{%- endif %}
 
 log = logging.getLogger(__name__)
 
 NEEDS_A_LOGGER = ("LearningRateMonitor",)
+# The file in a run directory that names its tracker runs, which eval and predict link to.
+TRACKING_FILE = "tracking.json"
+TRACKING_FILE_LIMIT = 64 << 10
+SAFE_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,500}")  # one printable line
+# The package each logger needs, and the project's extra that installs it.
+PACKAGES = {"wandb": "wandb", "mlflow": "mlflow-skinny", "tensorboard": "tensorboard"}
 
 
 class ColumnKeepingWriter(ExperimentWriter):
@@ -61,8 +67,6 @@ class CSVLogger(loggers.CSVLogger):
             self._experiment = ColumnKeepingWriter(log_dir=self.log_dir)
         return self._experiment
 
-{%- if cookiecutter.logger == "wandb" %}
-
 
 class WandbLogger(loggers.WandbLogger):
     """Lightning's WandbLogger without the `anonymous=None` it passes to `wandb.init`, which
@@ -72,23 +76,145 @@ class WandbLogger(loggers.WandbLogger):
         super().__init__(*args, **kwargs)
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)
-{%- endif %}
+
+
+class MLFlowLogger(loggers.MLFlowLogger):
+    """Lightning's MLFlowLogger, taking the config's tags as a list, and keeping a resumed run's
+    parameters: MLflow refuses to change a logged parameter (`extend=true` raises max_epochs), so
+    a changed value is kept as the run first logged it, and said so."""
+
+    def __init__(self, *, tags: Any = None, **kwargs: Any) -> None:
+        if isinstance(tags, Mapping):
+            tags = {str(key): str(value) for key, value in tags.items()}
+        elif tags is not None:
+            tags = {str(tag): "" for tag in tags}
+        super().__init__(tags=tags, **kwargs)
+
+    def log_hyperparams(self, params: Any) -> None:
+        from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+        flat = _flatten_dict(_convert_params(params))
+        logged = self.experiment.get_run(self.run_id).data.params
+        changed = sorted(k for k, v in flat.items() if k in logged and logged[k] != str(v)[:6000])
+        if changed:
+            log.info("mlflow: run %s keeps its first values of %s", self.run_id, ", ".join(changed))
+        super().log_hyperparams({k: v for k, v in flat.items() if k not in logged})
+
+
+@dataclass
+class TrackedRun:
+    """What a job's tracker runs are called: its overrides, its multirun (or its own run folder)
+    as the group, the command, and the training run it comes from (eval, predict)."""
+
+    name: str
+    group: str
+    job_type: str
+    trained: dict[str, str] = field(default_factory=dict)
+
+
+def describe_run(cfg: DictConfig | None, trained_from: str | None = None) -> TrackedRun:
+    """The job's tracker run: named by `run_name`, else its overrides (all of them, where its
+    run folder's name is shortened), grouped by its multirun's folder (else its own folder, or
+    the group of the training run it links to)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    output_dir = OmegaConf.select(cfg, "paths.output_dir", default=None) if cfg else None
+    job_type = str(OmegaConf.select(cfg, "task_name", default="train")) if cfg else "train"
+    folder = Path(str(output_dir)).name if output_dir else job_type
+    name, group = folder, folder
+    if HydraConfig.initialized():
+        hydra = HydraConfig.get()
+        overrides = str(hydra.job.override_dirname or "")
+        explicit = OmegaConf.select(cfg, "run_name", default=None) if cfg else None
+        if hydra.mode == RunMode.MULTIRUN:
+            name, group = overrides or "default", Path(str(hydra.sweep.dir)).name
+        else:
+            name = str(explicit) if explicit else overrides or folder
+    trained = trained_run(Path(trained_from)) if trained_from else {}
+    if trained.get("group"):
+        group = trained["group"]
+    return TrackedRun(name, group, job_type, trained)
+
+
+def read_tracking(folder: Path) -> dict[str, str]:
+    """The tracking record in a run folder, as plain names; nothing where there is none or it is
+    not one."""
+    path = folder / TRACKING_FILE
+    try:
+        if not path.is_file() or path.stat().st_size > TRACKING_FILE_LIMIT:
+            return {}
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    values = {str(k): v for k, v in record.items() if isinstance(v, str)}
+    return {k: v for k, v in values.items() if SAFE_VALUE.fullmatch(v)}
+
+
+def trained_run(checkpoint: Path) -> dict[str, str]:
+    """The tracking record of the run that wrote `checkpoint`: in the run folder above its
+    checkpoints/ (or beside it)."""
+    for folder in (checkpoint.parent.parent, checkpoint.parent):
+        record = read_tracking(folder)
+        if record:
+            return record
+    return {}
+
+
+def write_tracking(output_dir: str | None, run: TrackedRun, started: list[Any]) -> None:
+    """`tracking.json` in the run folder: the group and name, and each tracker's run id."""
+    if not output_dir or not any(isinstance(x, (WandbLogger, MLFlowLogger)) for x in started):
+        return
+    record: dict[str, str] = {"group": run.group, "name": run.name, "job_type": run.job_type}
+    for logger in started:
+        if isinstance(logger, WandbLogger) and logger._wandb_init.get("id"):
+            record["wandb"] = str(logger._wandb_init["id"])
+        elif isinstance(logger, MLFlowLogger) and logger.run_id:
+            record["mlflow"] = str(logger.run_id)
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    written = Path(output_dir) / f".{TRACKING_FILE}.tmp-{os.getpid()}"
+    written.write_text(json.dumps(record, indent=1) + "\n")
+    written.replace(Path(output_dir) / TRACKING_FILE)  # never half a record (no fsync: a hint)
 
 
 def instantiate_group(group: DictConfig | None, where: str) -> list[Any]:
     """Instantiate each named entry (`name: {_target_: ...}`) of a callbacks or logger group; an
     entry set to null is off, and one that is neither (`early_stopping=maybe`) is refused."""
-    if not group:
-        return []
-    for name, node in group.items():
+    check_group(group, where)
+    return [
+        build_logger(node, where=f"{where}.{name!s}")
+        for name, node in (group or {}).items()
+        if node is not None
+    ]
+
+
+def check_group(group: DictConfig | None, where: str) -> None:
+    for name, node in (group or {}).items():
         if node is not None and not (isinstance(node, DictConfig) and "_target_" in node):
             raise ConfigError(
                 f"{where}.{name!s}={node!r} is not a {where} config (with a _target_): "
                 f"set {where}.{name!s}=null to turn it off."
             )
-    return [
-        build(node, where=f"{where}.{name!s}") for name, node in group.items() if node is not None
-    ]
+
+
+def build_logger(node: DictConfig, where: str) -> Any:
+    """`build`, with a tracker package that is not installed as one line naming what to install."""
+    try:
+        return build(node, where=where)
+    except ConfigError as error:
+        missing = getattr(error.__cause__, "__cause__", None)
+        if not isinstance(missing, ModuleNotFoundError):
+            raise
+        wanted = next((p for m, p in PACKAGES.items() if m in str(missing).lower()), None)
+        if wanted is None:
+            raise
+        extra = next(m for m, p in PACKAGES.items() if p == wanted)
+        raise ConfigError(
+            f"{where} needs the {wanted} package, which is not installed: pip install "
+            f"-e '.[{extra}]' in the project (or pip install {wanted})."
+        ) from error
 
 
 def instantiate_callbacks(group: DictConfig | None, have_logger: bool) -> list[Any]:
@@ -99,18 +225,23 @@ def instantiate_callbacks(group: DictConfig | None, have_logger: bool) -> list[A
     for callback in dropped:
         log.info("No logger configured: %s is off.", type(callback).__name__)
     return [c for c in callbacks if c not in dropped]
-{%- if cookiecutter.logger == "wandb" %}
 
 
-def prepare_wandb(node: DictConfig) -> None:
-    """With no wandb login, log offline (one line says so) instead of prompting or failing. A run
-    keeps one wandb run id, stored in its run directory, so a resumed run continues it."""
-    if node.get("id") is None and node.get("save_dir"):
-        id_file = Path(str(node.save_dir)) / "wandb_run_id.txt"
-        if not id_file.is_file():
-            id_file.parent.mkdir(parents=True, exist_ok=True)
-            id_file.write_text(secrets.token_hex(8) + "\n")
-        with open_dict(node):
+def prepare_wandb(node: DictConfig, run: TrackedRun | None = None) -> None:
+    """Name, group and job type from the job; with no wandb login, log offline (one line says so)
+    instead of prompting or failing. A run keeps one wandb run id, stored in its run directory,
+    so a resumed run continues it; under a W&B sweep agent, the id is the one the agent gave."""
+    with open_dict(node):
+        if run is not None:
+            node.name = node.get("name") or run.name
+            node.group = node.get("group") or run.group
+            node.job_type = node.get("job_type") or run.job_type
+        if node.get("id") is None and node.get("save_dir"):
+            id_file = Path(str(node.save_dir)) / "wandb_run_id.txt"
+            agents = os.environ.get("WANDB_RUN_ID") if os.environ.get("WANDB_SWEEP_ID") else None
+            if agents or not id_file.is_file():
+                id_file.parent.mkdir(parents=True, exist_ok=True)
+                id_file.write_text((agents or secrets.token_hex(8)) + "\n")
             node.id = id_file.read_text().strip()
             node.resume = "allow"
     if node.get("offline") or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
@@ -137,15 +268,25 @@ def wandb_server_answers(timeout: float) -> str | None:
     return None
 
 
-def start_wandb(node: DictConfig) -> Any:
+def finish_leftover_wandb_run() -> None:
+    """A wandb run still open in this process (an earlier job of a multirun whose process runs
+    this job too) ends here: Lightning would log this job into it."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        log.info("wandb: finishing run %s, left open by an earlier job", wandb.run.id)
+        wandb.run.finish()
+
+
+def start_wandb(node: DictConfig, run: TrackedRun | None = None) -> Any:
     """Start the wandb run now rather than at its first log call, so that an unreachable server
     means logging offline within about `settings.init_timeout` seconds, not a crash."""
-    prepare_wandb(node)
+    finish_leftover_wandb_run()
+    prepare_wandb(node, run)
     if node.get("offline") or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
-        return build(node)
+        return build_logger(node, "logger.wandb")
     timeout = float(OmegaConf.select(node, "settings.init_timeout", default=30))
     problem = wandb_server_answers(timeout / 3)
-    logger = build(node)
+    logger = build_logger(node, "logger.wandb")
     if problem is None:
         try:
             logger.experiment  # noqa: B018 (starts the run)
@@ -162,16 +303,119 @@ def start_wandb(node: DictConfig) -> Any:
         node.get("save_dir"),
     )
     node.offline = True
-    return build(node)
+    return build_logger(node, "logger.wandb")
 
 
-{%- endif %}
+@contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """For a local SQLite store: its folder made, and one process at a time creating its tables,
+    experiment and run (the jobs of a parallel multirun start together)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.parent / (database.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def instantiate_loggers(group: DictConfig | None) -> list[Any]:
-{%- if cookiecutter.logger == "wandb" %}
-    if group and isinstance(group.get("wandb"), DictConfig) and "_target_" in group.wandb:
-        others = OmegaConf.masked_copy(group, [str(name) for name in group if name != "wandb"])
-        return [start_wandb(group.wandb), *instantiate_group(others, "logger")]
-{%- endif %}
-    return instantiate_group(group, "logger")
+def start_mlflow(node: DictConfig, run: TrackedRun | None, output_dir: str | None) -> Any:
+    """The job's MLflow run: the one its run folder names (a resumed job), else a new one, named,
+    tagged with the config's tags, the group and the command, and under the training run it
+    comes from (eval, predict)."""
+    with open_dict(node):
+        tags = {str(tag): "" for tag in (node.get("tags") or [])}
+        if run is not None:
+            node.run_name = node.get("run_name") or run.name
+            tags |= {"group": run.group, "job_type": run.job_type}
+            if run.trained.get("mlflow"):
+                tags["mlflow.parentRunId"] = run.trained["mlflow"]
+        node.tags = tags
+        if node.get("run_id") is None and output_dir:
+            node.run_id = read_tracking(Path(output_dir)).get("mlflow")
+    uri = str(node.get("tracking_uri") or "")
+    with store_lock(uri):
+        logger = build_logger(node, "logger.mlflow")
+        if node.get("run_id"):
+            try:
+                logger.experiment.get_run(node.run_id)
+            except Exception:  # the store no longer holds it (a new store): a new run
+                log.info("mlflow: run %s is not in %s: starting a new run", node.run_id, uri)
+                with open_dict(node):
+                    node.run_id = None
+                logger = build_logger(node, "logger.mlflow")
+        logger.run_id  # noqa: B018 (creates the experiment and the run)
+    return logger
+
+
+def instantiate_loggers(
+    group: DictConfig | None, cfg: DictConfig | None = None, trained_from: str | None = None
+) -> list[Any]:
+    """The logger group's loggers, W&B and MLflow runs started for this job; with `cfg`, the run
+    folder's `tracking.json` names them; `trained_from`: the checkpoint whose run this job links
+    to (eval, predict)."""
+    if not group:
+        return []
+    check_group(group, "logger")
+    run = describe_run(cfg, trained_from)
+    output_dir = OmegaConf.select(cfg, "paths.output_dir", default=None) if cfg else None
+    started: list[Any] = []
+    for name, node in group.items():
+        target = str(node.get("_target_")) if node is not None else ""
+        if target.endswith(".WandbLogger"):
+            started.append(start_wandb(node, run))
+        elif target.endswith(".MLFlowLogger"):
+            started.append(start_mlflow(node, run, str(output_dir) if output_dir else None))
+        elif node is not None:
+            started.append(build_logger(node, f"logger.{name!s}"))
+    write_tracking(str(output_dir) if output_dir else None, run, started)
+    return started
+
+
+def log_run_config(started: list[Any], cfg: DictConfig, trained_from: str | None) -> None:
+    """The command's config, and the training run it links to, to each logger (eval, predict)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    if trained_from:
+        config["trained_run"] = trained_run(Path(trained_from)) | {"checkpoint": trained_from}
+    for logger in started:
+        logger.log_hyperparams(config)
+
+
+def finish_loggers(started: list[Any], failed: bool) -> None:
+    """End the job's tracker runs (a W&B run is otherwise reused by the next job of the
+    process); an MLflow run ended by an error is marked failed."""
+    for logger in started:
+        if isinstance(logger, WandbLogger):
+            experiment = logger._experiment
+            if experiment is not None and not getattr(experiment, "_is_finished", False):
+                experiment.finish(exit_code=1 if failed else 0)
+        elif isinstance(logger, MLFlowLogger) and failed and logger._initialized:
+            logger.finalize("failed")
+
+
+@contextmanager
+def finished_at_the_end(started: list[Any]) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        finish_loggers(started, failed=True)
+        raise
+    finish_loggers(started, failed=False)
+
+
+def log_predictions(started: list[Any], output_dir: Path) -> None:
+    """The predict command's output file to each tracker run (a W&B run file, an MLflow
+    artifact), and how many predictions it holds as `predict/count`."""
+    for path in sorted(output_dir.glob("predictions.*")):
+        count = sum(1 for line in path.read_text().splitlines()[path.suffix == ".csv" :] if line)
+        for logger in started:
+            logger.log_metrics({"predict/count": count}, step=0)
+            if isinstance(logger, WandbLogger) and logger._experiment is not None:
+                logger.experiment.save(str(path), base_path=str(output_dir), policy="now")
+            elif isinstance(logger, MLFlowLogger):
+                logger.experiment.log_artifact(logger.run_id, str(path))

@@ -31,14 +31,27 @@ SAVE_RESERVE_S = 10.0
 
 class Preempted(Exception):
     """The run stopped on a signal, after saving what it had trained; the same command resumes
-    it. The command turns this into exit code 143."""
+    it. The command turns this into its `exit_code`."""
 
     def __init__(self, signal_name: str, where: str, saved: Path | None, requeued: bool) -> None:
         self.signal_name, self.where, self.saved = signal_name, where, saved
         self.requeued = requeued
         kept = f"saved {saved}" if saved else "nothing new to save"
         then = "requeued the job" if requeued else "run the same command to resume"
-        super().__init__(f"{signal_name} {where}: {kept}; {then}.")
+        stopped_by = "Stopped by Ctrl-C" if self.by_ctrl_c else signal_name
+        super().__init__(f"{stopped_by} {where}: {kept}; {then}.")
+
+    @property
+    def by_ctrl_c(self) -> bool:
+        return self.signal_name == "SIGINT"
+
+    @property
+    def exit_code(self) -> int:
+        """130 for Ctrl-C, as a shell reports it; 143 for the others (never 0: a scheduler would
+        record success)."""
+        if self.by_ctrl_c:
+            return stop_signals.INTERRUPTED_EXIT_CODE
+        return stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE
 
 
 class TimeLimitTooShort(TrainingError):
@@ -185,7 +198,8 @@ def stop(trainer: L.Trainer, where: str, saved: Path | None, requeue: bool = Tru
 
 
 class Preemption(Checkpoint):
-    """Where a run stops on SIGTERM, SIGUSR1 or SIGUSR2 (which `stop_signals` only records).
+    """Where a run stops on SIGTERM, SIGUSR1, SIGUSR2 or Ctrl-C (which `stop_signals` only
+    records).
 
     - Training: at the next optimizer step (the end of a gradient accumulation window) that is
       not an epoch's last batch and after which no validation is due, every rank saves a
@@ -324,7 +338,8 @@ class Preemption(Checkpoint):
         self.stop_alarm()
         received = stop_signals.received()
         name = received.name if received else "a signal on another rank"
-        log.warning("Received %s: saving %s at step %d.", name, self.path, trainer.global_step)
+        if name != "SIGINT":  # Ctrl-C's one line comes as the run stops
+            log.warning("Received %s: saving %s at step %d.", name, self.path, trainer.global_step)
         trainer.save_checkpoint(self.path, weights_only=False)
         finish_checkpoint_writes(trainer.strategy)
         raise stop(trainer, f"at step {trainer.global_step}", self.path, self.requeue)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from ..errors import PACKAGE, ConfigError
 from ..files import absolute
@@ -93,17 +93,22 @@ def stored_data(stored: dict[str, Any], given: dict[str, Any], ckpt_path: Path) 
     return OmegaConf.to_container(merged)  # type: ignore[return-value]
 
 
-def rebuild(cfg: DictConfig, load_weights: bool = True) -> Trained:
-    """The model and data module of `cfg.ckpt_path`, with `cfg.data` and `cfg.model` merged over
-    the stored configs; the frozen base weights of a fine-tuning run are always loaded, the
-    checkpoint's own weights where `load_weights`."""
-    ckpt_path = absolute(str(cfg.ckpt_path))
-    checkpoint = read_checkpoint(ckpt_path, trust=bool(cfg.get("trust_checkpoint")))
+def rebuild(
+    ckpt_path: Any, trust: bool, data_cfg: Any, model_cfg: Any, load_weights: bool = True
+) -> Trained:
+    """The model and data module of `ckpt_path`, with the command's `data` and `model` nodes
+    merged over the stored configs; the frozen base weights of a fine-tuning run are always
+    loaded, the checkpoint's own weights where `load_weights`."""
+    ckpt_path = absolute(str(ckpt_path))
+    checkpoint = read_checkpoint(ckpt_path, trust=trust)
     stored = read_run_config(checkpoint, ckpt_path)
-    given_data, given_model = (plain(cfg.get(part) or {}) for part in ("data", "model"))
-    data_cfg = stored_data(stored["data"], given_data, ckpt_path)
-    model_cfg = OmegaConf.to_container(OmegaConf.merge(stored["model"], given_model))
-    model, datamodule = build_model_and_data(model_cfg, data_cfg, f"ckpt_path={ckpt_path}")
+    given_data, given_model = (plain(node or {}) for node in (data_cfg, model_cfg))
+    merged_data = stored_data(stored["data"], given_data, ckpt_path)
+    merged_model = OmegaConf.to_container(OmegaConf.merge(stored["model"], given_model))
+    model, datamodule = build_model_and_data(merged_model, merged_data, f"ckpt_path={ckpt_path}")
+    data_state = checkpoint.get(type(datamodule).__qualname__)  # where Lightning stores it
+    if isinstance(data_state, dict):
+        datamodule.load_state_dict(data_state)  # e.g. an image folder's class names
     load_base_weights(model, checkpoint, ckpt_path)
     model.on_load_checkpoint(checkpoint)
     check_same_model(checkpoint, model, ckpt_path)  # also where Lightning loads the weights

@@ -1,1 +1,6 @@
-"""Hydra config tree; a package so Hydra finds it in an installed wheel."""
+"""Hydra config tree; a package so Hydra finds it in an installed wheel. Importing it registers
+the settings' schemas (schema.py) that the primary configs name in their defaults."""
+
+from .schema import register
+
+register()

@@ -132,7 +132,7 @@ def init_worker(worker_id: int) -> None:
     """A SIGTERM to the whole process group (`timeout`, SLURM, Kubernetes) must reach the run,
     which stops at a step boundary, rather than kill the DataLoader workers under it first. Then
     Lightning's seeding of the worker, which a worker_init_fn of our own would replace."""
-    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2"):
+    for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT"):  # Ctrl-C reaches the whole group
         signal.signal(signal.Signals[name], signal.SIG_IGN)
     if os.environ.get("PL_SEED_WORKERS") == "1":
         pl_worker_init_function(worker_id)
@@ -143,7 +143,7 @@ def init_worker(worker_id: int) -> None:
 # take it often enough to hang a DDP run now and then: seen on 3.11.7, two gloo ranks, one rank's
 # DataLoader worker stuck inside fork.
 FORK_MAY_HANG = sys.version_info < (3, 11, 10)
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT}
 
 
 def worker_start(dataset: Dataset[Any]) -> Any:

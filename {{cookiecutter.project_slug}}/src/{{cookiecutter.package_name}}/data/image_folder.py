@@ -10,9 +10,10 @@ Class ids follow the sorted class names: as numbers when every name is a whole n
 `10`), as text otherwise. Images are resized to `image_size` squares (bilinear, antialiased when
 shrinking; the aspect ratio is not kept), after the rotation their EXIF data asks for.
 
-Augmentation (training split only: a random crop of the image padded with zeros, and a horizontal
-flip half the time) draws from a generator of its own for each sample, seeded from the run's seed,
-the epoch and the sample's index. The training sampler hands all three to the Dataset with every
+Pixels are scaled to 0..1 and normalized per channel with `mean` and `std` (by default 0.5 and 1).
+Augmentation (training split only, `augment`: a random crop of the image padded with zeros, a
+horizontal flip half the time, or either) draws from a generator of its own for each sample,
+seeded from the run's seed, the epoch and the sample's index. The training sampler hands all three to the Dataset with every
 index, rather than the Dataset holding an epoch that a hook sets: the sampler lives in the main
 process, where Lightning sets its epoch and `callbacks.ExactResume` tells it where to start, while
 each worker holds a copy of the Dataset made when the worker started (persistent workers keep
@@ -24,10 +25,12 @@ workers, on any rank, and in a run resumed mid-epoch: exact resume holds.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from csv import DictReader
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,18 +71,60 @@ def read_image(path: str | Path, size: int, channels: int) -> torch.Tensor:
     return pixels.reshape(size, size, channels).permute(2, 0, 1).contiguous()
 
 
-def augment(image: torch.Tensor, generator: random.Random) -> torch.Tensor:
-    """A crop of the image's own size from it padded with an eighth of its side of zeros all
-    round, at a random place, and flipped left to right half the time."""
-    channels, height, width = image.shape
-    pad = max(1, min(height, width) // 8)
-    padded = image.new_zeros(channels, height + 2 * pad, width + 2 * pad)
-    padded[:, pad : pad + height, pad : pad + width] = image
-    top, left = generator.randint(0, 2 * pad), generator.randint(0, 2 * pad)
-    crop = padded[:, top : top + height, left : left + width]
-    if generator.random() < 0.5:
-        crop = crop.flip(-1)
-    return crop.contiguous()
+@dataclass(frozen=True)
+class Augmentation:
+    """What training augmentation does to an image: `crop` pads each side with zeros by that
+    fraction of the side (at least a pixel) and cuts a crop of the image's size from a random
+    place (0: no crop); `flip` mirrors it left to right half the time."""
+
+    crop: float = 0.125
+    flip: bool = True
+
+
+AUGMENTATION_KEYS = ("crop", "flip")
+
+
+def augmentation(value: Any) -> Augmentation | None:
+    """`data.augment` as an `Augmentation`, or None for none: true (crop and flip), false, or a
+    mapping of `crop` and `flip` (a key left out is off)."""
+    if isinstance(value, bool):
+        return Augmentation() if value else None
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"data.augment={value!r}: use true, false or a mapping such as "
+            "{crop: 0.125, flip: true}."
+        )
+    unknown = sorted(str(key) for key in value if key not in AUGMENTATION_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"data.augment has no key {unknown[0]}: its keys are {', '.join(AUGMENTATION_KEYS)}."
+        )
+    crop, flip = value.get("crop", 0), value.get("flip", False)
+    if isinstance(crop, bool):
+        crop = Augmentation.crop if crop else 0
+    if not isinstance(crop, (int, float)) or not 0 <= crop <= 0.5:
+        raise ConfigError(
+            f"data.augment.crop={crop!r}: use a fraction of the side from 0 (no crop) to 0.5, "
+            "or true (0.125) or false."
+        )
+    if not isinstance(flip, bool):
+        raise ConfigError(f"data.augment.flip={flip!r}: use true or false.")
+    chosen = Augmentation(crop=float(crop), flip=flip)
+    return chosen if chosen.crop > 0 or chosen.flip else None
+
+
+def augment(image: torch.Tensor, generator: random.Random, how: Augmentation) -> torch.Tensor:
+    """The image as `how` says, at the places `generator` draws (crop first, then flip)."""
+    if how.crop > 0:
+        channels, height, width = image.shape
+        pad = max(1, int(min(height, width) * how.crop))
+        padded = image.new_zeros(channels, height + 2 * pad, width + 2 * pad)
+        padded[:, pad : pad + height, pad : pad + width] = image
+        top, left = generator.randint(0, 2 * pad), generator.randint(0, 2 * pad)
+        image = padded[:, top : top + height, left : left + width]
+    if how.flip and generator.random() < 0.5:
+        image = image.flip(-1)
+    return image.contiguous()
 
 
 def sample_generator(seed: int, epoch: int, index: int) -> random.Random:
@@ -92,11 +137,16 @@ class ImageFileDataset(Dataset[tuple[torch.Tensor, int]]):
     """Image files and their class ids; a file is decoded when its item is fetched.
 
     An item is fetched by its index, or by (seed, epoch, index) as `SeededIndexSampler` yields
-    them; with `augment`, those three seed the sample's augmentation (a bare index: seed and epoch
-    0)."""
+    them; with an `augment`, those three seed the sample's augmentation (a bare index: seed and
+    epoch 0)."""
 
     def __init__(
-        self, paths: list[str], labels: list[int], size: int, channels: int, augment: bool
+        self,
+        paths: list[str],
+        labels: list[int],
+        size: int,
+        channels: int,
+        augment: Augmentation | None,
     ) -> None:
         self.paths = paths
         self.labels = labels
@@ -114,8 +164,8 @@ class ImageFileDataset(Dataset[tuple[torch.Tensor, int]]):
             image = read_image(path, self.size, self.channels)
         except Exception as error:  # Pillow raises OSError, SyntaxError, ValueError, ...
             raise ConfigError(f"cannot read {path} as an image ({reason(error)}).") from error
-        if self.augment:
-            image = augment(image, sample_generator(seed, epoch, index))
+        if self.augment is not None:
+            image = augment(image, sample_generator(seed, epoch, index), self.augment)
         return image, self.labels[index]
 
 
@@ -210,6 +260,33 @@ def read_csv(csv_path: Path) -> tuple[list[str], list[str], list[int]]:
     return classes, [path for path, _ in rows], [ids[label] for _, label in rows]
 
 
+def per_channel(
+    key: str, values: Any, channels: int, default: float, positive: bool = False
+) -> list[float]:
+    """`data.mean` or `data.std`: a number for each channel (a single one serves them all), or
+    `default` for each where not set."""
+    if values is None:
+        return [default] * channels
+    numbers = list(values) if isinstance(values, (list, tuple)) else [values]
+    fine = [
+        not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        and (v > 0 or not positive)
+        for v in numbers
+    ]  # fmt: skip
+    if len(numbers) not in (1, channels) or not all(fine):
+        what = "numbers above 0" if positive else "finite numbers"
+        raise ConfigError(
+            f"data.{key}={values!r}: use a list of {channels} {what} (one for each of "
+            f"data.channels={channels}, for pixels scaled to 0..1), or null."
+        )
+    return [float(v) for v in numbers] * (channels // len(numbers))
+
+
+def plain_list(value: Any) -> Any:
+    """A list of the config (a ListConfig) as a list; anything else as it is."""
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+
+
 def check_whole(key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"data.{key}={value!r}: use a whole number of {minimum} or more.")
@@ -217,8 +294,10 @@ def check_whole(key: str, value: Any, minimum: int) -> None:
 
 class ImageFolderDataModule(SplitDataModule):
     """Image classification on your own files (see the module's docstring). Exactly one of `root`
-    (a folder with one subfolder per class) and `csv` (a CSV file of `path,label` rows) is set.
-    `num_classes` is checked against the classes found, so the model's head matches them."""
+        (a folder with one subfolder per class) and `csv` (a CSV file of `path,label` rows) is set.
+        `num_classes` is checked against the classes found, so the model's head matches them; the class
+    names travel in the checkpoints (`state_dict`), for the commands that name predictions. Where
+    `batch_size` would leave an epoch fewer than `min_steps_per_epoch` steps, batches are smaller."""
 
     def __init__(
         self,
@@ -232,12 +311,24 @@ class ImageFolderDataModule(SplitDataModule):
         test_fraction: float = 0.2,
         split_seed: int = 0,
         num_workers: int | str = "auto",
-        augment: bool = True,
+        augment: bool | Mapping[str, Any] = True,
         verify_images: bool = True,
         channels_last: bool = False,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        min_steps_per_epoch: int | None = 10,
     ) -> None:
         super().__init__(batch_size, num_workers)
+        # Plain values in the hyperparameters (checkpoints load with weights_only=True), not the
+        # mappings and lists of the config.
+        augment = dict(augment) if isinstance(augment, Mapping) else augment
+        mean, std = plain_list(mean), plain_list(std)
         self.save_hyperparameters()
+        self.augmentation = augmentation(augment)
+        self.requested_batch_size = batch_size
+        self.sized_for = 0  # the number of processes that batch_size was last checked for
+        if min_steps_per_epoch is not None:
+            check_whole("min_steps_per_epoch", min_steps_per_epoch, 1)
         check_whole("image_size", image_size, 1)
         check_whole("num_classes", num_classes, 1)
         if channels not in MODES:
@@ -264,6 +355,9 @@ class ImageFolderDataModule(SplitDataModule):
         self.num_classes = num_classes
         self.image_size = image_size
         self.channels = channels
+        self.mean = per_channel("mean", mean, channels, 0.5)
+        self.std = per_channel("std", std, channels, 1.0, positive=True)
+        self.scaling: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def verify(self) -> None:
         """Open every file and let Pillow check it (`Image.verify`: headers and, for PNG, the
@@ -292,9 +386,44 @@ class ImageFolderDataModule(SplitDataModule):
                 [self.labels[i] for i in indices.tolist()],
                 self.image_size,
                 self.channels,
-                augment=name == "train" and bool(self.hparams["augment"]),
+                augment=self.augmentation if name == "train" else None,
             )
         return datasets
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        world_size, _ = self.ranks()
+        if "train" in self.splits and world_size != self.sized_for:
+            # Once for a number of processes: a batch-size finder sets batch_size after this.
+            self.sized_for = world_size
+            self.batch_size = self.steps_batch_size(world_size)
+
+    def steps_batch_size(self, world_size: int) -> int:
+        """`data.batch_size`, or less where that leaves an epoch fewer than
+        `data.min_steps_per_epoch` steps on each process: one line says so. An epoch of a step or
+        two trains a small folder to chance: early stopping, validation and the logging interval
+        count in epochs, and the learning-rate warm-up in steps."""
+        requested, least = self.requested_batch_size, self.hparams["min_steps_per_epoch"]
+        per_process = len(self.splits["train"]) // world_size  # type: ignore[arg-type]
+        images = f"{per_process} training images" + (
+            f" per process ({world_size} processes)" if world_size > 1 else ""
+        )
+        if least is None and per_process < requested:
+            raise ConfigError(
+                f"data.batch_size={requested} is more than the {images}, so an epoch would "
+                "train on none (the last ragged batch is dropped): lower it, or set "
+                "data.min_steps_per_epoch to a number of steps."
+            )
+        if least is None or per_process // requested >= least:
+            return requested
+        capped = max(1, per_process // least)
+        log.warning(
+            "data.batch_size=%d makes an epoch %d step%s of the %s: batches of %d instead, %d "
+            "steps an epoch (data.min_steps_per_epoch=%d; null keeps data.batch_size).",
+            requested, per_process // requested, "s"[: per_process // requested != 1], images,
+            capped, per_process // capped, least,
+        )  # fmt: skip
+        return capped
 
     def sampler(self, split: str) -> Sampler[Any] | None:
         sampler = super().sampler(split)
@@ -317,9 +446,36 @@ class ImageFolderDataModule(SplitDataModule):
                 ) from error
         return torch.stack(images)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data (Lightning stores it): the class names, so the
+        predict and serve commands name the classes the model was trained on."""
+        return {"classes": list(self.classes)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The class names a checkpoint stores replace those found now, where they are as many:
+        the model's outputs mean the classes it was trained on. Only a list of strings is taken
+        (a checkpoint is untrusted data); anything else leaves the names found."""
+        stored = state_dict.get("classes") if isinstance(state_dict, dict) else None
+        if (
+            isinstance(stored, list)
+            and len(stored) == len(self.classes)
+            and all(isinstance(name, str) for name in stored)
+        ):
+            self.classes = list(stored)
+
+    def normalization(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mean` and `std` on `device`, copied there once."""
+        if device not in self.scaling:
+            self.scaling[device] = tuple(  # type: ignore[assignment]
+                torch.tensor(values, dtype=torch.float32).view(-1, 1, 1).to(device)
+                for values in (self.mean, self.std)
+            )
+        return self.scaling[device]
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         images, labels = batch
-        images = images.float().div_(255).sub_(0.5)
+        mean, std = self.normalization(images.device)
+        images = images.float().div_(255).sub_(mean).div_(std)
         if self.hparams["channels_last"]:
             images = images.contiguous(memory_format=torch.channels_last)
         return images, labels

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .plan import is_sharded
-
 GIB = 2**30
+
+
+@dataclass(frozen=True)
+class OutOfMemoryRun:
+    """What the advice weighs: the batch, whether the network can recompute activations (None:
+    it has no such switch), and whether the run shards or its model could."""
+
+    batch_size: Any
+    accumulate_grad_batches: int
+    activation_checkpointing: bool | None
+    strategy_shards: bool
+    model_shards_itself: bool
 
 
 def peak_and_total_gib(device: torch.device) -> tuple[float, float]:
@@ -41,12 +52,10 @@ def out_of_memory_device(error: BaseException) -> torch.device:
 
 
 def out_of_memory_advice(
-    cfg: Any, device: torch.device, run_dir: str, package: str, shards: bool
+    run: OutOfMemoryRun, device: torch.device, run_dir: str, package: str
 ) -> str:
-    """The batch, the measured peak and the device's memory, then what to change (`shards`:
-    whether the model can run under strategy=model_parallel)."""
-    batch = cfg.data.get("batch_size")
-    accumulate = int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    """The batch, the measured peak and the device's memory, then what to change."""
+    batch, accumulate = run.batch_size, run.accumulate_grad_batches
     peak, total = peak_and_total_gib(device)
     changes = []
     if isinstance(batch, int) and batch > 1:
@@ -54,12 +63,12 @@ def out_of_memory_advice(
             f"data.batch_size={batch // 2} trainer.accumulate_grad_batches={accumulate * 2} "
             "(the same global batch)"
         )
-    net = cfg.model.get("net") or {}
-    if "activation_checkpointing" in net and not net.get("activation_checkpointing"):
+    if run.activation_checkpointing is False:
         changes.append("model.net.activation_checkpointing=true")
-    if not is_sharded(cfg.trainer.get("strategy")):
+    if not run.strategy_shards:
         changes.append(
-            "strategy=model_parallel (FSDP2 shards weights and optimizer state)" if shards
+            "strategy=model_parallel (FSDP2 shards weights and optimizer state)"
+            if run.model_shards_itself
             else "strategy=fsdp (FSDP shards weights, gradients and optimizer state)"
         )  # fmt: skip
     changes.append(f"the largest batch that fits: {package}-bench bench.find_batch_size=true")

@@ -36,7 +36,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..models.lora import add_adapters
-from ..run.settings import is_model_parallel
 from ..targets import build
 
 GIB = 2**30
@@ -75,11 +74,6 @@ class MemoryPlan:
         )
 
 
-def is_sharded(strategy: Any) -> bool:
-    """FSDP (`strategy=fsdp`) or FSDP2 (`strategy=model_parallel`), named or configured."""
-    return "fsdp" in str(strategy).lower() or is_model_parallel(strategy)
-
-
 def shards_itself(model_class: type) -> bool:
     """Whether a LightningModule applies its own parallelism in `configure_model` (Lightning's
     own does nothing), which strategy=model_parallel needs."""
@@ -115,9 +109,10 @@ def transformer_activation_bytes(net: Any, batch: int, precision: str) -> int:
 
 
 def plan_memory(
-    model_cfg: DictConfig, batch: int, precision: str, devices: int, strategy: Any
+    model_cfg: DictConfig, batch: int, precision: str, devices: int, strategy_shards: bool
 ) -> MemoryPlan:
-    """The memory of one training step per device, for `devices` devices in all."""
+    """The memory of one training step per device, for `devices` devices in all, under a
+    strategy that shards (FSDP, FSDP2) or not (`run.plan.Strategy.shards`)."""
     net_cfg = OmegaConf.to_container(model_cfg.net, resolve=True)
     with torch.device("meta"):
         net = build(net_cfg, where="model.net")
@@ -135,7 +130,7 @@ def plan_memory(
         weights += cast * 2  # the 16-bit copies autocast makes of the matrices it multiplies
     gradients = trained * per_weight
     optimizer = trained * 2 * per_weight
-    sharded = is_sharded(strategy) and devices > 1
+    sharded = strategy_shards and devices > 1
     share = devices if sharded else 1
     activations = None
     if all(hasattr(net, name) for name in ("n_layer", "n_embd", "n_head", "block_size")):
@@ -143,13 +138,6 @@ def plan_memory(
     return MemoryPlan(
         weights // share, gradients // share, optimizer // share, activations, devices, sharded,
         {"parameters": count, "trained": trained}, upper_bound=bool(model_cfg.get("fp8")),
-    )  # fmt: skip
-
-
-def plan_for_run(cfg: DictConfig, precision: str, devices: int) -> MemoryPlan:
-    return plan_memory(
-        cfg.model, int(cfg.data.batch_size), precision, devices * int(cfg.trainer.num_nodes),
-        cfg.trainer.get("strategy"),
     )  # fmt: skip
 
 

@@ -12,23 +12,36 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from .nets.backbones import BackboneClassifier
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
 from .step_logging import is_logging_step
 
 
 class ImageClassifier(L.LightningModule):
+    """Classifies images with `net`, or with a pretrained `backbone` and a new linear head for
+    `num_classes` (`head_dropout` before it). For a backbone: `freeze_backbone` trains the head
+    only (a linear probe), and `backbone_lr_scale` multiplies the learning rate of the backbone's
+    parameter groups (0.1: a tenth of the head's)."""
+
     def __init__(
         self,
-        net: nn.Module,
         optimizer: OptimizerFactory,
+        net: nn.Module | None = None,
         scheduler: SchedulerFactory | None = None,
         num_classes: int = 10,
         compile: bool = False,
+        backbone: nn.Module | None = None,
+        head_dropout: float = 0.0,
+        freeze_backbone: bool = False,
+        backbone_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
-        self.net = net
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler", "backbone"])
+        self.net = classifier_net(
+            net, backbone, num_classes, head_dropout, freeze_backbone, backbone_lr_scale
+        )
+        self.backbone_lr_scale = float(backbone_lr_scale)
         self.optimizer = optimizer
         self.scheduler = scheduler
         # No argument checks in the training step: they read the labels back to the host (a sync).
@@ -107,6 +120,81 @@ class ImageClassifier(L.LightningModule):
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
+        trainer = self.trainer
         return configure_optimizers(
-            self.net, self.optimizer, self.scheduler, int(self.trainer.estimated_stepping_batches)
+            self.net, self.scaled_optimizer(), self.scheduler, int(trainer.estimated_stepping_batches),
+            trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
+        )  # fmt: skip
+
+    def scaled_optimizer(self) -> OptimizerFactory:
+        """The optimizer factory, with the backbone's parameter groups at `backbone_lr_scale`
+        times the learning rate where that is not 1."""
+        if not isinstance(self.net, BackboneClassifier) or self.backbone_lr_scale == 1.0:
+            return self.optimizer
+        return BackboneLearningRate(self.optimizer, self.net.backbone, self.backbone_lr_scale)
+
+
+def classifier_net(
+    net: nn.Module | None,
+    backbone: nn.Module | None,
+    num_classes: int,
+    head_dropout: float,
+    freeze_backbone: bool,
+    backbone_lr_scale: float,
+) -> nn.Module:
+    """`net` as it is, or `backbone` with a new head; the backbone settings checked."""
+    if (net is None) == (backbone is None):
+        given = "both are set" if net is not None else "neither is set"
+        raise ValueError(
+            f"give one of model.net (a whole network) and model.backbone (a pretrained backbone "
+            f"that gets a new head) ({given})."
         )
+    if not isinstance(freeze_backbone, bool):
+        raise ValueError(f"model.freeze_backbone={freeze_backbone!r}: use true or false.")
+    if isinstance(backbone_lr_scale, bool) or not (
+        isinstance(backbone_lr_scale, (int, float)) and 0 <= backbone_lr_scale < float("inf")
+    ):
+        raise ValueError(
+            f"model.backbone_lr_scale={backbone_lr_scale!r}: use a number of 0 or more (the "
+            "backbone's learning rate over the head's)."
+        )
+    if backbone is None:
+        assert net is not None
+        if freeze_backbone or backbone_lr_scale != 1:
+            raise ValueError(
+                "model.freeze_backbone and model.backbone_lr_scale apply to a pretrained "
+                "backbone (model=backbone_classifier), and this model's net has none."
+            )
+        return net
+    return BackboneClassifier(backbone, num_classes, head_dropout, frozen=freeze_backbone)
+
+
+class BackboneLearningRate:
+    """An optimizer factory that splits each parameter group it is given into the head's part
+    and the backbone's, the backbone's at `scale` times the configured learning rate. Keeps the
+    factory's `keywords` (the weight decay that the groups are made with)."""
+
+    def __init__(self, optimizer: OptimizerFactory, backbone: nn.Module, scale: float) -> None:
+        self.optimizer = optimizer
+        self.keywords: dict[str, Any] = dict(getattr(optimizer, "keywords", {}))
+        if not isinstance(self.keywords.get("lr"), (int, float)):
+            raise ValueError(
+                "model.backbone_lr_scale scales model.optimizer.lr, which is not set: set it."
+            )
+        self.backbone = {id(p) for p in backbone.parameters()}
+        self.scale = scale
+
+    def __call__(self, params: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:
+        lr = float(self.keywords["lr"])
+        groups: list[dict[str, Any]] = []
+        for group in params:
+            name = group.get("name", "params")
+            ours = [p for p in group["params"] if id(p) in self.backbone]
+            head = [p for p in group["params"] if id(p) not in self.backbone]
+            if head:
+                groups.append({**group, "params": head, "name": f"head/{name}"})
+            if ours:
+                groups.append(
+                    {**group, "params": ours, "name": f"backbone/{name}", "lr": lr * self.scale}
+                )
+        return self.optimizer(params=groups, **kwargs)

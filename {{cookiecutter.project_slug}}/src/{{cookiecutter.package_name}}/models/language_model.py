@@ -3,7 +3,11 @@
 A target of -100 (`IGNORED`) counts for nothing: instruction data (`data.instructions`) marks
 prompt tokens and padding so, and the losses average the other targets only (a validation or test
 batch weighs as many as it has). Text windows have none, so their numbers are those of a plain
-mean over every token."""
+mean over every token.
+
+The network computes the loss itself (`net(inputs, targets=targets)`), so that `compile` compiles
+it with the network and FSDP's hooks cover it; `model.net.loss_chunk_size` takes it a chunk of
+positions at a time, never holding the logits of the whole batch (models/losses.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +16,17 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 
 from .fp8 import convert_from_fp8, convert_to_fp8
 from .lora import add_adapters, is_adapter
+from .losses import IGNORED
 from .nets.gpt import GPT
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
 from .step_logging import is_logging_step
 
 LN2 = math.log(2)
-IGNORED = -100  # a target that counts for nothing (torch's cross_entropy ignore_index)
 
 
 class LanguageModel(L.LightningModule):
@@ -107,10 +110,8 @@ class LanguageModel(L.LightningModule):
 
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         inputs, targets = batch
-        logits = self(inputs)
-        return F.cross_entropy(
-            logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=IGNORED
-        )
+        loss: torch.Tensor = self.net(inputs, targets=targets)
+        return loss
 
     def count_processed(self, inputs: torch.Tensor) -> None:
         """Batches of records padded to their longest (instruction data) are shorter than the
@@ -167,9 +168,11 @@ class LanguageModel(L.LightningModule):
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> Any:
+        trainer = self.trainer
         return configure_optimizers(
-            self.net, self.optimizer, self.scheduler, int(self.trainer.estimated_stepping_batches)
-        )
+            self.net, self.optimizer, self.scheduler, int(trainer.estimated_stepping_batches),
+            trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None,
+        )  # fmt: skip
 
 
 def counted(targets: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
@@ -45,24 +47,80 @@ def warmup_cosine(
     return LambdaLR(optimizer, lr_factor)
 
 
+# Keys of a `model.scheduler` node that tell Lightning when to step the schedule (and on which
+# metric, for ReduceLROnPlateau); they are not the class's arguments.
+STEPPING_KEYS = ("interval", "frequency", "monitor")
+INTERVALS = ("step", "epoch")
+
+
+def schedule_parameters(factory: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    """The arguments a scheduler class (or function) takes besides the optimizer."""
+    parameters = list(inspect.signature(factory).parameters.values())
+    return {
+        p.name: p
+        for p in parameters[1:]
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    }
+
+
+def takes_total_steps(factory: Callable[..., Any]) -> bool:
+    return "total_steps" in schedule_parameters(factory)
+
+
+def schedule_arguments(
+    factory: Callable[..., Any], given: Iterable[str]
+) -> tuple[list[str], list[str]]:
+    """The keys `given` that `factory` does not take, and the arguments it needs that are not
+    given (its stepping keys and Hydra's `_..._` keys aside; `total_steps` is the run's)."""
+    parameters = schedule_parameters(factory)
+    named = [key for key in given if key not in STEPPING_KEYS and not key.startswith("_")]
+    unknown = [key for key in named if key not in parameters]
+    missing = [
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty and name not in (*named, "total_steps")
+    ]
+    return unknown, missing
+
+
+def described_arguments(factory: Callable[..., Any]) -> str:
+    """`step_size, gamma=0.1, last_epoch=-1`: the arguments, with their defaults."""
+    return ", ".join(
+        name if p.default is inspect.Parameter.empty else f"{name}={p.default!r}"
+        for name, p in schedule_parameters(factory).items()
+    )
+
+
 def configure_optimizers(
     net: nn.Module,
     optimizer: OptimizerFactory,
     scheduler: SchedulerFactory | None,
     total_steps: int,
+    total_epochs: int | None = None,
 ) -> dict[str, Any]:
-    """Build the optimizer from its Hydra partial, and a per-step scheduler when one is set."""
+    """Build the optimizer from its Hydra partial, and the scheduler from its partial when one is
+    set: stepped every optimizer step or every epoch (`interval`), given `total_steps` (the
+    optimizer steps, or the epochs) where its signature takes it and the config does not set it,
+    and for ReduceLROnPlateau the metric it watches (`monitor`)."""
     weight_decay = getattr(optimizer, "keywords", {}).get("weight_decay", 0.0)
     built = optimizer(params=parameter_groups(net, weight_decay))
     if scheduler is None:
         return {"optimizer": built}
-    return {
-        "optimizer": built,
-        "lr_scheduler": {
-            "scheduler": scheduler(built, total_steps=total_steps),
-            "interval": "step",
-        },
+    arguments = dict(getattr(scheduler, "keywords", {}))
+    stepping = {key: arguments.pop(key) for key in STEPPING_KEYS if key in arguments}
+    factory = getattr(scheduler, "func", scheduler)
+    positional = getattr(scheduler, "args", ())
+    interval = stepping.get("interval", "step")
+    if takes_total_steps(factory) and arguments.get("total_steps") is None:
+        arguments["total_steps"] = total_steps if interval == "step" else total_epochs
+    schedule: dict[str, Any] = {
+        "scheduler": functools.partial(factory, *positional, **arguments)(built),
+        "interval": interval,
+        "frequency": int(stepping.get("frequency", 1)),
     }
+    if stepping.get("monitor") is not None:
+        schedule["monitor"] = stepping["monitor"]
+    return {"optimizer": built, "lr_scheduler": schedule}
 
 
 def clip_gradients(

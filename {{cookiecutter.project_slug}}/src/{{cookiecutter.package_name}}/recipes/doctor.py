@@ -28,8 +28,9 @@ from omegaconf import DictConfig, ListConfig
 
 from ..data.base import auto_workers, check_loader_settings, usable_cores
 from ..errors import ConfigError
-from ..memory.plan import fit_warning, plan_for_run
+from ..memory.plan import fit_warning, plan_memory
 from ..run.machine import resolve_accelerator, resolve_precision
+from ..run.plan import strategy_of
 from ..run.settings import check_run_settings
 from ..targets import allow
 
@@ -213,8 +214,15 @@ def check_software(fields: dict[str, str], problems: list[str]) -> None:
     fields["logger"] = "csv (no package needed)"
 {%- else %}
     logger = "{{ cookiecutter.logger }}"
-    fields["logger"] = f"{logger} {version(logger)}"
-    if version(logger) == "not installed":
+{%- if cookiecutter.logger == "mlflow" %}
+    installed = version("mlflow-skinny")
+    if installed == "not installed":  # the whole of MLflow instead
+        installed = version("mlflow")
+{%- else %}
+    installed = version(logger)
+{%- endif %}
+    fields["logger"] = f"{logger} {installed}"
+    if installed == "not installed":
         problems.append(f"logger={logger} is the default but {logger} is not installed.")
 {%- endif %}
 
@@ -317,7 +325,11 @@ def check_run(cfg: DictConfig, gpus: GPUs, fields: dict[str, str], problems: lis
                 f"trainer.devices asks for {devices} GPUs but {len(gpus.devices)} are visible."
             )
         try:
-            plan = plan_for_run(cfg, precision, devices)
+            plan = plan_memory(
+                cfg.model, int(cfg.data.batch_size), precision,
+                devices * int(cfg.trainer.num_nodes),
+                strategy_of(cfg.trainer.get("strategy")).shards,
+            )  # fmt: skip
             fields["memory"] = plan.summary()
             warning = fit_warning(plan, accelerator)
             if warning:

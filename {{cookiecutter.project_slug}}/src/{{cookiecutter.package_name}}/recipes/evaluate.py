@@ -9,11 +9,16 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..checkpointing.trained import rebuild
-from ..loggers import instantiate_callbacks, instantiate_loggers
+from ..loggers import (
+    finished_at_the_end,
+    instantiate_callbacks,
+    instantiate_loggers,
+    log_run_config,
+)
 from ..run import lock as run_lock
 from ..run.checks import check_config
+from ..run.plan import RunPlan
 from ..run.steps import (
-    Machine,
     build_trainer,
     exit_143_on_stop_signals,
     scalars,
@@ -24,22 +29,23 @@ log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    machine = check_config(cfg)
-    with run_lock.hold(Path(cfg.paths.output_dir)):
-        return test_checkpoint(cfg, machine)
+    plan = check_config(cfg)
+    with run_lock.hold(plan.run_dir):
+        return test_checkpoint(cfg, plan)
 
 
-def test_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
+def test_checkpoint(cfg: DictConfig, plan: RunPlan) -> dict[str, float]:
     sharded = Path(str(cfg.ckpt_path)).expanduser().is_dir()  # read whole into memory here
-    trained = rebuild(cfg, load_weights=sharded)
+    trained = rebuild(cfg.ckpt_path, cfg.trust_checkpoint, cfg.data, cfg.model, sharded)
     model, datamodule, ckpt_path = trained.model, trained.datamodule, trained.path
-    loggers = instantiate_loggers(cfg.get("logger"))
+    loggers = instantiate_loggers(cfg.get("logger"), cfg, trained_from=str(ckpt_path))
     callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
-    trainer = build_trainer(cfg, machine, callbacks, loggers)
+    trainer = build_trainer(cfg.trainer, plan.machine, plan.matmul_precision, callbacks, loggers)
+    log_run_config(loggers, cfg, trained_from=str(ckpt_path))
     log.info("Testing %s", ckpt_path)
     # Lightning asks for the training callbacks, to restore their state; testing needs none of it.
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
-    with exit_143_on_stop_signals():
+    with exit_143_on_stop_signals(), finished_at_the_end(loggers):
         trust = bool(cfg.get("trust_checkpoint"))
         tested = None if sharded else str(ckpt_path)
         trainer.test(model, datamodule, ckpt_path=tested, weights_only=not trust)

@@ -127,7 +127,7 @@ def export_checkpoint(cfg: DictConfig) -> dict[str, float]:
     tolerance = check_tolerance(cfg.tolerance)
     path = output_path(cfg, fmt)
     check_output(path, fmt, absolute(str(cfg.ckpt_path)))
-    trained = rebuild(cfg)
+    trained = rebuild(cfg.ckpt_path, cfg.trust_checkpoint, cfg.data, cfg.model)
     net: nn.Module = trained.model.net  # type: ignore[assignment]
     merged = merge(net)
     if merged:

@@ -1,7 +1,9 @@
 """The predict recipe: a trained model on new inputs, through Lightning's predict loop.
 
 Image classifiers read image files, folders of them, or `inputs=test` (the data set's own test
-split) and write `predictions.csv`: the path, the predicted class, its probability and the top-k.
+split) and write `predictions.csv`: the path, the predicted class's id and name (an image
+folder's class names, which the checkpoint stores), its probability, and the top-k ids, names (a
+JSON list) and probabilities.
 Language models continue prompts (`prompt=...`, or `prompt_file=...`, one per line) and write
 `predictions.jsonl`; a single prompt's continuation is also streamed to the terminal."""
 
@@ -26,10 +28,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from ..checkpointing.trained import Trained, rebuild, text_interface, utf8_bytes
 from ..errors import ConfigError
 from ..files import write_text_atomically
+from ..loggers import finished_at_the_end, instantiate_loggers, log_predictions, log_run_config
 from ..run import lock as run_lock
 from ..run.checks import check_config
+from ..run.plan import RunPlan
 from ..run.settings import check_whole
-from ..run.steps import Machine, build_trainer, exit_143_on_stop_signals
+from ..run.steps import build_trainer, exit_143_on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +41,9 @@ PROMPT_FILE_LIMIT = 64 << 20
 
 
 def predict(cfg: DictConfig) -> dict[str, float]:
-    machine = check_config(cfg)
-    with run_lock.hold(Path(cfg.paths.output_dir)):
-        return predict_checkpoint(cfg, machine)
+    plan = check_config(cfg)
+    with run_lock.hold(plan.run_dir):
+        return predict_checkpoint(cfg, plan)
 
 
 def as_list(value: Any) -> list[str]:
@@ -50,7 +54,7 @@ def as_list(value: Any) -> list[str]:
     return [str(value)]
 
 
-def predict_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
+def predict_checkpoint(cfg: DictConfig, plan: RunPlan) -> dict[str, float]:
     devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
     one_device = devices == 1 or (isinstance(devices, (list, ListConfig)) and len(devices) == 1)
     if not one_device or nodes != 1:
@@ -58,7 +62,7 @@ def predict_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
             f"predict runs on one device (trainer.devices={devices}, trainer.num_nodes={nodes}): "
             "drop those overrides, or pick the GPU with trainer.devices=[<index>]."
         )
-    trained = rebuild(cfg)
+    trained = rebuild(cfg.ckpt_path, cfg.trust_checkpoint, cfg.data, cfg.model)
     language = callable(getattr(getattr(trained.model, "net", None), "generate", None))
     given_prompts = cfg.get("prompt") is not None or cfg.get("prompt_file") is not None
     if language and cfg.get("inputs") is not None:
@@ -84,15 +88,20 @@ def predict_checkpoint(cfg: DictConfig, machine: Machine) -> dict[str, float]:
         names = image_inputs(cfg, trained)
     # A single-device command: Lightning's hint to start it with srun means nothing here.
     warnings.filterwarnings("ignore", message=".*The `srun` command is available")
-    trainer = build_trainer(cfg, machine, callbacks=[], loggers=[])
+    loggers = instantiate_loggers(cfg.get("logger"), cfg, trained_from=str(trained.path))
+    trainer = build_trainer(
+        cfg.trainer, plan.machine, plan.matmul_precision, callbacks=[], loggers=loggers
+    )
+    log_run_config(loggers, cfg, trained_from=str(trained.path))
     output_dir = Path(cfg.paths.output_dir)
-    with exit_143_on_stop_signals():
+    with exit_143_on_stop_signals(), finished_at_the_end(loggers):
         if interactive:
             converse(cfg, trained, trainer, chat, output_dir)
         elif language:
             continue_prompts(cfg, trained, trainer, prompts, encoded, output_dir)
         else:
             classify_images(cfg, trained, trainer, names, output_dir)
+        log_predictions(loggers, output_dir)
     return {}
 
 
@@ -115,19 +124,31 @@ def image_inputs(cfg: DictConfig, trained: Trained) -> list[str]:
     return [str(path) for path in paths]
 
 
+def class_names(datamodule: Any, count: int) -> list[str]:
+    """What each class id means: the data module's class names (an image folder's, which its
+    checkpoint stores), else the ids themselves (the digits' classes are their digits)."""
+    names = getattr(datamodule, "classes", None)
+    if isinstance(names, (list, tuple)) and len(names) == count:
+        return [str(name) for name in names]
+    return [str(index) for index in range(count)]
+
+
 def classify_images(
     cfg: DictConfig, trained: Trained, trainer: L.Trainer, names: list[str], output_dir: Path
 ) -> None:
     batches = trainer.predict(trained.model, datamodule=trained.datamodule)
     probabilities = torch.cat([batch for batch in batches or []])  # type: ignore[misc]
     top = probabilities.topk(min(int(cfg.top_k_classes), probabilities.size(1)), dim=1)
+    labels = class_names(trained.datamodule, probabilities.size(1))
     table = io.StringIO()
     writer = csv.writer(table)
-    writer.writerow(["path", "class", "probability", "top_classes", "top_probabilities"])
+    writer.writerow(
+        ["path", "class", "name", "probability", "top_classes", "top_names", "top_probabilities"]
+    )
     for name, classes, probs in zip(names, top.indices.tolist(), top.values.tolist(), strict=True):
         writer.writerow([
-            name, classes[0], f"{probs[0]:.6f}",
-            " ".join(map(str, classes)), " ".join(f"{p:.6f}" for p in probs),
+            name, classes[0], labels[classes[0]], f"{probs[0]:.6f}", " ".join(map(str, classes)),
+            json.dumps([labels[c] for c in classes]), " ".join(f"{p:.6f}" for p in probs),
         ])  # fmt: skip
     path = output_dir / "predictions.csv"
     write_text_atomically(table.getvalue(), path)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.utils import get_class
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
@@ -25,17 +24,22 @@ from ..callbacks.preemption import stop
 from ..checkpointing.door import read_fit_state
 from ..checkpointing.saving import finish_checkpoint_writes
 from ..errors import PACKAGE, ConfigError, TrainingError, raised_by_a_spawned_process
-from ..loggers import instantiate_callbacks, instantiate_loggers
-from ..memory.advice import out_of_memory_advice, out_of_memory_device, ran_out_of_memory
-from ..memory.plan import fit_warning, plan_for_run, shards_itself
+from ..loggers import finished_at_the_end, instantiate_callbacks, instantiate_loggers
+from ..memory.advice import (
+    OutOfMemoryRun,
+    out_of_memory_advice,
+    out_of_memory_device,
+    ran_out_of_memory,
+)
+from ..memory.plan import fit_warning, plan_memory
 from ..run import lock as run_lock
 from ..run import stop_signals
 from ..run.checks import check_built, check_config, interval_too_long
 from ..run.identity import check_run_identity, finished_metrics
 from ..run.machine import use_hydra_logging_only
+from ..run.plan import RunPlan
 from ..run.start import Start, start_from_weights, starting_checkpoint
 from ..run.steps import (
-    Machine,
     build_model_and_data,
     build_trainer,
     exit_143_on_stop_signals,
@@ -93,16 +97,19 @@ def check_trained_something(trainer: L.Trainer, cfg: DictConfig) -> None:
         )
 
 
-def log_memory_plan(cfg: DictConfig, precision: str, accelerator: str, trainer: L.Trainer) -> None:
+def log_memory_plan(cfg: DictConfig, plan: RunPlan, trainer: L.Trainer) -> None:
     if not trainer.is_global_zero:
         return
     try:
-        plan = plan_for_run(cfg, precision, trainer.num_devices)
+        estimate = plan_memory(
+            cfg.model, int(cfg.data.batch_size), plan.machine.precision,
+            trainer.num_devices * trainer.num_nodes, plan.strategy.shards,
+        )  # fmt: skip
     except Exception as error:  # an estimate never stops a run; the reason is logged
         log.info("No memory estimate: %s", str(error).splitlines()[0] if str(error) else error)
         return
-    log.info("Memory estimate: %s", plan.summary())
-    warning = fit_warning(plan, accelerator)
+    log.info("Memory estimate: %s", estimate.summary())
+    warning = fit_warning(estimate, plan.machine.accelerator)
     if warning:
         log.warning("Memory: %s", warning)
 
@@ -172,45 +179,55 @@ def bad_data_leaves_no_logs(
 def train(cfg: DictConfig) -> dict[str, float]:
     """compose (Hydra, in cli) -> check -> resolve the machine -> build -> start point -> fit ->
     test -> record; the same command finishes a run killed anywhere in between."""
-    machine = check_config(cfg)
-    with run_lock.hold(Path(cfg.paths.output_dir)):
-        check_run_identity(cfg)
-        done = finished_metrics(cfg)
+    plan = check_config(cfg)
+    with run_lock.hold(plan.run_dir):
+        check_run_identity(plan.start)
+        done = finished_metrics(plan.start)
         if done is not None:
             return done
-        with exit_143_on_stop_signals(), out_of_memory_is_one_line(cfg):
-            metrics = fit_and_test(cfg, machine)
+        with exit_143_on_stop_signals(), out_of_memory_is_one_line(cfg, plan):
+            metrics = fit_and_test(cfg, plan)
         leave_process_group()
         return metrics
 
 
-def fit_and_test(cfg: DictConfig, machine: Machine) -> dict[str, float]:
+def fit_and_test(cfg: DictConfig, plan: RunPlan) -> dict[str, float]:
     use_hydra_logging_only()
-    if cfg.get("seed") is not None:
-        L.seed_everything(cfg.seed, workers=True)
+    if plan.seed is not None:
+        L.seed_everything(plan.seed, workers=True)
     model, datamodule = build_model_and_data(cfg.model, cfg.data)
-    check_built(cfg, machine, model, datamodule)
-    start = starting_checkpoint(cfg, model)
-    start_from_weights(cfg, model, start)
-    run = start_run(cfg, machine)
-    fitted = fit(cfg, run, model, datamodule, start)
-    metrics = test(cfg, run.trainer, model, datamodule, fitted)
-    record(cfg, run.trainer, metrics, datamodule)
+    check_built(cfg, plan, model, datamodule)
+    start = starting_checkpoint(plan.start, model)
+    start_from_weights(plan.start, model, start)
+    run = start_run(cfg, plan)
+    with finished_at_the_end(run.trainer.loggers):  # each job its own tracker run
+        fitted = fit(cfg, run, model, datamodule, start)
+        metrics = test(cfg, run.trainer, model, datamodule, fitted)
+        record(cfg, run.trainer, metrics, datamodule)
     return metrics
 
 
 @contextmanager
-def out_of_memory_is_one_line(cfg: DictConfig) -> Iterator[None]:
+def out_of_memory_is_one_line(cfg: DictConfig, plan: RunPlan) -> Iterator[None]:
     """An out-of-memory error ends the run with one line of advice for this run."""
     try:
         yield
     except RuntimeError as error:  # torch.OutOfMemoryError is one
         if not ran_out_of_memory(error):
             raise
-        shards = shards_itself(get_class(cfg.model._target_))
-        advice = out_of_memory_advice(
-            cfg, out_of_memory_device(error), cfg.paths.output_dir, PACKAGE, shards
+        net = cfg.model.get("net") or {}
+        run = OutOfMemoryRun(
+            batch_size=cfg.data.get("batch_size"),
+            accumulate_grad_batches=int(cfg.trainer.get("accumulate_grad_batches") or 1),
+            activation_checkpointing=(
+                bool(net.get("activation_checkpointing"))
+                if "activation_checkpointing" in net
+                else None
+            ),
+            strategy_shards=plan.strategy.shards,
+            model_shards_itself=plan.model_shards_itself,
         )
+        advice = out_of_memory_advice(run, out_of_memory_device(error), str(plan.run_dir), PACKAGE)
         raise TrainingError(advice) from error
 
 
@@ -223,19 +240,19 @@ class Started:
     found: set[Path]
 
 
-def start_run(cfg: DictConfig, machine: Machine) -> Started:
+def start_run(cfg: DictConfig, plan: RunPlan) -> Started:
     """Loggers, callbacks and the trainer; the loggers get the run's hyperparameters."""
-    output_dir = Path(cfg.paths.output_dir)
+    output_dir = plan.run_dir
     found = set(output_dir.iterdir()) if output_dir.is_dir() else set()
     progress = ExactResume()
-    loggers = instantiate_loggers(cfg.get("logger"))
+    loggers = instantiate_loggers(cfg.get("logger"), cfg)
     callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
     monitored = OmegaConf.select(cfg, "monitor.metric", default=None)
     callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]
     callbacks += [MonitoredMetricLogged(str(monitored) if monitored else None)]
-    trainer = build_trainer(cfg, machine, callbacks, loggers)
+    trainer = build_trainer(cfg.trainer, plan.machine, plan.matmul_precision, callbacks, loggers)
     log_batch_size(cfg.data.get("batch_size"), trainer)
-    log_memory_plan(cfg, machine.precision, machine.accelerator, trainer)
+    log_memory_plan(cfg, plan, trainer)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)  # type: ignore[arg-type]

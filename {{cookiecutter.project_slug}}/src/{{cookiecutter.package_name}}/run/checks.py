@@ -1,10 +1,12 @@
 """The validation phase of every command. `check_config` runs every check of a config that can run
-before anything is built, in one pass, before any run folder is written; `check_built` runs the
-checks that need the built data module and model, before a logger starts or a checkpoint is
-read. Bad input gets one `ConfigError`, which the command prints as its one `error:` line."""
+before anything is built, in one pass, before any run folder is written, and returns the run's
+plan (`run.plan.RunPlan`), which the steps after it take instead of the config; `check_built`
+runs the checks that need the built data module and model, before a logger starts or a checkpoint
+is read. Bad input gets one `ConfigError`, which the command prints as its one `error:` line."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -12,44 +14,86 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from ..data.base import SplitDataModule
+from ..data.base import SplitDataModule, most_processes, usable_cores
 from ..errors import ConfigError
 from ..memory.plan import shards_itself
 from ..targets import allow
-from .machine import check_fp8
-from .settings import check_run_settings, is_model_parallel
-from .steps import Machine, resolve_machine
+from .machine import check_fp8, resolve_accelerator, resolve_precision
+from .plan import Machine, RunPlan, StartPlan, Strategy, strategy_of
+from .schedule import check_schedule
+from .settings import check_run_settings
 
 
-def check_config(cfg: DictConfig) -> Machine:
-    """Targets, settings and the machine, before anything is built or written."""
+def check_config(cfg: DictConfig) -> RunPlan:
+    """Targets, settings and the machine, before anything is built or written: the run's plan."""
     allow(cfg)
     check_run_settings(cfg)
+    check_schedule(cfg)
     machine = resolve_machine(cfg)
-    if cfg.get("model") is not None and cfg.model.get("_target_"):
-        check_strategy_fits(cfg, get_class(str(cfg.model._target_)))
-    return machine
+    trainer = cfg.get("trainer") or {}
+    strategy = strategy_of(trainer.get("strategy", "auto"))
+    target = cfg.model.get("_target_") if cfg.get("model") is not None else None
+    model_shards_itself = bool(target) and shards_itself(get_class(str(target)))
+    if target:
+        check_strategy_fits(strategy, model_shards_itself, str(target).rpartition(".")[2])
+    run_dir = Path(cfg.paths.output_dir)
+    start = StartPlan(
+        run_dir=run_dir,
+        resume=bool(cfg.get("resume")),
+        extend=bool(cfg.get("extend")),
+        ckpt_path=path_or_none(cfg.get("ckpt_path")),
+        init_from=path_or_none(cfg.get("init_from")),
+        trust_checkpoint=bool(cfg.get("trust_checkpoint")),
+        max_epochs=trainer.get("max_epochs"),
+        max_steps=trainer.get("max_steps"),
+        continues_shards=strategy.model_parallel,
+    )
+    return RunPlan(
+        machine=machine, strategy=strategy, start=start, run_dir=run_dir, seed=cfg.get("seed"),
+        matmul_precision=cfg.get("matmul_precision"), test=bool(cfg.get("test")),
+        model_shards_itself=model_shards_itself,
+    )  # fmt: skip
 
 
-def check_built(
-    cfg: DictConfig, machine: Machine, model: L.LightningModule, datamodule: Any
-) -> None:
+def path_or_none(value: Any) -> Path | None:
+    return Path(str(value)).expanduser() if value else None
+
+
+def resolve_machine(cfg: DictConfig) -> Machine:
+    accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
+    devices, cores = cfg.trainer.get("devices"), usable_cores()
+    if accelerator == "cpu" and isinstance(devices, int) and devices > most_processes(cores):
+        raise ConfigError(
+            f"trainer.devices={devices} on the CPU starts a process a device, far more than this "
+            f"machine's {cores} cores can run: use at most {most_processes(cores)}, or a GPU "
+            "machine with trainer=gpu."
+        )
+    return Machine(accelerator, resolve_precision(str(cfg.trainer.precision), accelerator))
+
+
+def check_built(cfg: DictConfig, plan: RunPlan, model: L.LightningModule, datamodule: Any) -> None:
     """What only the built model and data tell: FP8 on this machine, the vocabulary, the
     images, and a validation interval within an epoch (the data is loaded here, where that is
     known to be safe, so that data it refuses is refused before a logger starts)."""
     net = getattr(model, "net", None)
-    check_fp8(cfg, machine.accelerator, net if isinstance(net, torch.nn.Module) else model)
+    fp8 = cfg.model.get("fp8")
+    check_fp8(
+        fp8,
+        plan.strategy,
+        plan.machine.accelerator,
+        net if isinstance(net, torch.nn.Module) else model,
+    )
     check_vocabulary(datamodule, net)
     check_images(datamodule, net)
     if load_data_before_loggers(datamodule):
         check_validation_interval(cfg, datamodule)
 
 
-def check_strategy_fits(cfg: DictConfig, model_class: type) -> None:
-    if is_model_parallel(cfg.trainer.get("strategy")) and not shards_itself(model_class):
+def check_strategy_fits(strategy: Strategy, model_shards_itself: bool, model_name: str) -> None:
+    if strategy.model_parallel and not model_shards_itself:
         raise ConfigError(
             f"strategy=model_parallel needs a LightningModule that applies FSDP2 itself in "
-            f"configure_model(); {model_class.__name__} has none. Use strategy=ddp, or "
+            f"configure_model(); {model_name} has none. Use strategy=ddp, or "
             "strategy=fsdp on GPUs."
         )
 

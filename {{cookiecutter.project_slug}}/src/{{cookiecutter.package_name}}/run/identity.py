@@ -7,12 +7,11 @@ import json
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from ..checkpointing.door import UNREADABLE, read_fit_state
 from ..errors import ConfigError
 from .machine import is_global_zero
 from .names import identifying
+from .plan import StartPlan
 from .steps import write_json
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ def identifying_overrides() -> list[str] | None:
     return identifying(hydra.overrides.task, list(hydra.job.config.override_dirname.exclude_keys))
 
 
-def check_limits_ahead(cfg: DictConfig, last: Path) -> None:
+def check_limits_ahead(plan: StartPlan, last: Path) -> None:
     """`extend=true` trains a run further: a limit the run has already reached would have
     Lightning refuse it mid-start, or end it at once as finished at the lower limit."""
     try:
@@ -39,11 +38,10 @@ def check_limits_ahead(cfg: DictConfig, last: Path) -> None:
     except (*UNREADABLE, OSError):
         return  # nothing to compare with: the run resumes from what loads, or starts fresh
     reached = {
-        "trainer.max_epochs": (int(state.get("epoch", 0)), "epochs"),
-        "trainer.max_steps": (int(state.get("global_step", 0)), "steps"),
+        "trainer.max_epochs": (plan.max_epochs, int(state.get("epoch", 0)), "epochs"),
+        "trainer.max_steps": (plan.max_steps, int(state.get("global_step", 0)), "steps"),
     }
-    for key, (done, unit) in reached.items():
-        limit = OmegaConf.select(cfg, key, default=None)
+    for key, (limit, done, unit) in reached.items():
         if isinstance(limit, int) and 0 <= limit <= done:
             raise ConfigError(
                 f"{key}={limit} with extend=true: the run has already trained {done} {unit}; "
@@ -51,7 +49,7 @@ def check_limits_ahead(cfg: DictConfig, last: Path) -> None:
             )
 
 
-def check_run_identity(cfg: DictConfig) -> None:
+def check_run_identity(plan: StartPlan) -> None:
     """A run directory holds one run. The overrides it was started with are recorded in it, and a
     different command that comes to the same directory (an explicit run_name=..., an Optuna trial of
     another study) is refused instead of resumed or taken as finished. `extend=true` may change
@@ -59,11 +57,11 @@ def check_run_identity(cfg: DictConfig) -> None:
     overrides = identifying_overrides()
     if overrides is None or not is_global_zero():
         return
-    path = Path(cfg.paths.output_dir) / "run_overrides.json"
-    if cfg.get("resume") and path.is_file():
+    path = plan.run_dir / "run_overrides.json"
+    if plan.resume and path.is_file():
         recorded = json.loads(path.read_text())
         changed = sorted(set(recorded) ^ set(overrides))
-        if cfg.get("extend"):
+        if plan.extend:
             changed = [o for o in changed if o.split("=")[0].lstrip("+~") not in STOPPING_KEYS]
         if changed:
             only_limits = all(o.split("=")[0].lstrip("+~") in STOPPING_KEYS for o in changed)
@@ -74,16 +72,16 @@ def check_run_identity(cfg: DictConfig) -> None:
             )
         if recorded == overrides:
             return
-        check_limits_ahead(cfg, path.parent / "checkpoints" / "last.ckpt")
+        check_limits_ahead(plan, plan.checkpoints / "last.ckpt")
         # New limits: the run is no longer finished (metrics.json goes before they are recorded,
         # so a kill in between leaves a run that trains on, never one finished at the old limit).
         (path.parent / "metrics.json").unlink(missing_ok=True)
     write_json(overrides, path)
 
 
-def finished_metrics(cfg: DictConfig) -> dict[str, float] | None:
-    path = Path(cfg.paths.output_dir) / "metrics.json"
-    if not cfg.get("resume") or not path.is_file():
+def finished_metrics(plan: StartPlan) -> dict[str, float] | None:
+    path = plan.run_dir / "metrics.json"
+    if not plan.resume or not path.is_file():
         return None
     log.info(
         "This run already finished (%s): not training again. To train it further, raise "

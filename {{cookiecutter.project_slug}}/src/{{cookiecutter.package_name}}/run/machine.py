@@ -1,24 +1,21 @@
-"""Settings that depend on the machine: accelerator, precision and matmul precision{% if cookiecutter.logger == "wandb" %}, and
-whether wandb has a login (without importing Lightning or wandb, so the doctor answers quickly){% endif %}."""
+"""Settings that depend on the machine: accelerator, precision and matmul precision, and
+whether wandb has a login (without importing Lightning or wandb, so the doctor answers quickly)."""
 
 from __future__ import annotations
 
 import logging
-{%- if cookiecutter.logger == "wandb" %}
 import netrc
-{%- endif %}
 import os
 import warnings
 from pathlib import Path
 from typing import Any
-{%- if cookiecutter.logger == "wandb" %}
 from urllib.parse import urlparse
-{%- endif %}
 
 import torch
 
 from ..errors import PACKAGE, ConfigError
 from ..models.fp8 import RECIPES, fp8_layers, import_torchao
+from .plan import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -132,16 +129,14 @@ def is_global_zero() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
-def check_fp8(cfg: Any, accelerator: str, net: torch.nn.Module) -> None:
-    """`model.fp8` where it can work, or one line saying why not; the layers it leaves in high
-    precision are listed. `net` may be on the meta device."""
-    recipe = cfg.model.get("fp8")
+def check_fp8(recipe: Any, strategy: Strategy, accelerator: str, net: torch.nn.Module) -> None:
+    """`model.fp8` (`recipe`) where it can work, or one line saying why not; the layers it leaves
+    in high precision are listed. `net` may be on the meta device."""
     if not recipe:
         return
     if recipe not in RECIPES:
         raise ConfigError(f"model.fp8={recipe!r}: use {', '.join(RECIPES)} or null.")
-    strategy = str(cfg.trainer.get("strategy")).lower()
-    if "fsdp" in strategy and "shardedcheckpointstrategy" not in strategy:
+    if strategy.kind == "fsdp":
         raise ConfigError(
             "model.fp8 runs on one device or under strategy=model_parallel (FSDP2, which "
             "all-gathers the weights in float8), not under FSDP1 (strategy=fsdp)."
@@ -195,7 +190,6 @@ def configure_matmul_precision(setting: str | None) -> None:
     """TF32 tensor cores for float32 matmuls (`high`) unless the config says otherwise."""
     if setting:
         torch.set_float32_matmul_precision(setting)
-{%- if cookiecutter.logger == "wandb" %}
 
 
 def wandb_login_present() -> bool:
@@ -207,4 +201,3 @@ def wandb_login_present() -> bool:
         return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
     except (OSError, netrc.NetrcParseError):
         return False
-{%- endif %}

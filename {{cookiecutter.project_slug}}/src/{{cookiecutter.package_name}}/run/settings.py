@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..errors import PACKAGE, ConfigError
+from .plan import strategy_of
 
 SEED_RANGE = (0, 2**32 - 1)
 
@@ -87,7 +88,9 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "model.net.bias": (),
     "model.net.activation_checkpointing": (),
     "model.net.channels_last": (),
-    "data.augment": (),
+    "model.freeze_backbone": (),
+    "model.backbone.pretrained": (),
+    "data.augment.flip": (),
     "data.channels_last": (),
     "data.download": (),
     "data.verify_images": (),
@@ -235,17 +238,11 @@ def check_context(cfg: DictConfig) -> None:
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
-def is_model_parallel(strategy: Any) -> bool:
-    """`strategy=model_parallel` (FSDP2), named or configured."""
-    name = str(strategy).lower().replace("_", "")
-    return "modelparallel" in name or "shardedcheckpointstrategy" in name
-
-
 def check_model_parallel(cfg: DictConfig) -> None:
     """`strategy=model_parallel` lays its processes out as data_parallel x tensor_parallel, which
     must make up all of them; this project's models shard with FSDP2 only, over data_parallel."""
     strategy = cfg.trainer.get("strategy")
-    if not isinstance(strategy, DictConfig) or not is_model_parallel(strategy):
+    if not isinstance(strategy, DictConfig) or not strategy_of(strategy).model_parallel:
         return
     data, tensor = strategy.get("data_parallel_size"), strategy.get("tensor_parallel_size")
     for key, value in (("data_parallel_size", data), ("tensor_parallel_size", tensor)):

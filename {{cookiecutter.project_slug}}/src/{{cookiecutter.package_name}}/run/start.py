@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from omegaconf import DictConfig
 
 from ..callbacks.exact_resume import fit_state
 from ..checkpointing.door import is_sharded, read_checkpoint, read_fit_state
@@ -17,7 +16,7 @@ from ..checkpointing.saving import check_same_model, newest_valid_checkpoint
 from ..checkpointing.trained import load_init_weights
 from ..errors import ConfigError
 from .machine import is_global_zero
-from .settings import is_model_parallel
+from .plan import StartPlan
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +30,10 @@ class Start:
     resumed: bool = False
 
 
-def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
+def starting_checkpoint(plan: StartPlan, model: L.LightningModule) -> Start:
     """The newest valid checkpoint of this run directory, else `ckpt_path`, else none; only a
     trusted external checkpoint may load without weights_only=True."""
-    ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
-    max_steps = int(cfg.trainer.get("max_steps") or -1)
+    max_steps = int(plan.max_steps or -1)
 
     def ends_unfinished(state: dict[str, Any]) -> str | None:
         at_end = 0 < max_steps <= int(state.get("global_step", 0))
@@ -46,21 +44,21 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
             "epoch and of fit from it, so the run goes on from an earlier checkpoint"
         )
 
-    newest = newest_valid_checkpoint(ckpt_dir, ends_unfinished) if cfg.get("resume") else None
+    newest = newest_valid_checkpoint(plan.checkpoints, ends_unfinished) if plan.resume else None
     if newest:
         log.info("Resuming from %s", newest)
         return Start(str(newest), True, True)
-    if cfg.get("ckpt_path"):
-        path = Path(str(cfg.ckpt_path)).expanduser()
-        checkpoint = read_checkpoint(path, trust=bool(cfg.get("trust_checkpoint")))
+    if plan.ckpt_path:
+        path = plan.ckpt_path
+        checkpoint = read_checkpoint(path, trust=plan.trust_checkpoint)
         check_same_model(checkpoint, model, path)
-        if is_sharded(path) and not is_model_parallel(cfg.trainer.get("strategy")):
+        if is_sharded(path) and not plan.continues_shards:
             raise ConfigError(
                 f"ckpt_path={path} is a folder of shards, which only strategy=model_parallel "
                 "continues: add it (with trainer.strategy.data_parallel_size), or start a new "
                 f"run from its weights with init_from={path}."
             )
-        done, limit = epochs_done(checkpoint), cfg.trainer.get("max_epochs")
+        done, limit = epochs_done(checkpoint), plan.max_epochs
         if isinstance(done, int) and isinstance(limit, int) and 0 <= limit < done:
             raise ConfigError(
                 f"trainer.max_epochs={limit}, but ckpt_path={path} has trained {done} epochs, and "
@@ -68,25 +66,23 @@ def starting_checkpoint(cfg: DictConfig, model: L.LightningModule) -> Start:
                 f"its weights with init_from={path}."
             )
         log.info("Starting from ckpt_path=%s", path)
-        return Start(str(path), not cfg.get("trust_checkpoint"))
-    log.info("Starting fresh: no checkpoint in %s", ckpt_dir)
+        return Start(str(path), not plan.trust_checkpoint)
+    log.info("Starting fresh: no checkpoint in %s", plan.checkpoints)
     return Start()
 
 
-def start_from_weights(cfg: DictConfig, model: L.LightningModule, start: Start) -> None:
+def start_from_weights(plan: StartPlan, model: L.LightningModule, start: Start) -> None:
     """`init_from`: a new run from another run's weights, with a fresh optimizer, schedule and
     step counter. With LoRA adapters only they train, and checkpoints hold only them, with the
     SHA-256 of the weights' file (of a folder's files) that a resumed run checks."""
-    if not cfg.get("init_from"):
+    if not plan.init_from:
         return
-    if cfg.get("ckpt_path"):
+    if plan.ckpt_path:
         raise ConfigError(
             "init_from and ckpt_path are both set: ckpt_path continues another run (its optimizer "
             "and step counter too), init_from starts a new run from its weights. Keep one."
         )
-    base = load_init_weights(
-        model, Path(str(cfg.init_from)), trust=bool(cfg.get("trust_checkpoint"))
-    )
+    base = load_init_weights(model, plan.init_from, trust=plan.trust_checkpoint)
     adapted: list[str] = getattr(model, "adapted", [])
     if adapted:
         model.base_weights = base  # type: ignore[assignment]

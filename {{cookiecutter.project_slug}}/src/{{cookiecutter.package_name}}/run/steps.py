@@ -7,7 +7,6 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,15 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
 
 from ..callbacks.preemption import Preempted
 from ..checkpointing.saving import AtomicCheckpointIO
-from ..data.base import most_processes, usable_cores
 from ..errors import ConfigError
 from ..files import write_text_atomically
 from ..targets import build
 from . import stop_signals
-from .machine import (
-    configure_matmul_precision,
-    resolve_accelerator,
-    resolve_precision,
-    use_hydra_logging_only,
-)
+from .machine import configure_matmul_precision, use_hydra_logging_only
+from .plan import Machine
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +54,15 @@ def build_model_and_data(
 
 @contextmanager
 def exit_143_on_stop_signals() -> Iterator[None]:
-    """Watch SIGTERM/SIGUSR1/SIGUSR2 for the whole run; a run stopped by one exits with code 143
-    (never 0: a scheduler would record success), also where Lightning's own handler stopped it."""
+    """Watch SIGTERM/SIGUSR1/SIGUSR2 and Ctrl-C for the whole run; a run stopped by one exits with
+    code 143 (130 for Ctrl-C; never 0: a scheduler would record success), also where Lightning's
+    own handler stopped it."""
     with stop_signals.watch():
         try:
             yield
         except Preempted as stopped:
-            log.warning("Stopped: %s", stopped)
-            raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
+            log.warning("%s" if stopped.by_ctrl_c else "Stopped: %s", stopped)
+            raise SystemExit(stopped.exit_code) from None
         except SIGTERMException:
             log.warning("Stopped by SIGTERM; run the same command to resume.")
             raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
@@ -92,35 +86,19 @@ def trainer_plugins() -> list[Any]:
     return plugins
 
 
-@dataclass(frozen=True)
-class Machine:
-    """The accelerator and precision a run uses, resolved from `auto` and checked against this
-    machine before the run writes anything."""
-
-    accelerator: str
-    precision: str
-
-
-def resolve_machine(cfg: DictConfig) -> Machine:
-    accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
-    devices, cores = cfg.trainer.get("devices"), usable_cores()
-    if accelerator == "cpu" and isinstance(devices, int) and devices > most_processes(cores):
-        raise ConfigError(
-            f"trainer.devices={devices} on the CPU starts a process a device, far more than this "
-            f"machine's {cores} cores can run: use at most {most_processes(cores)}, or a GPU "
-            "machine with trainer=gpu."
-        )
-    return Machine(accelerator, resolve_precision(str(cfg.trainer.precision), accelerator))
-
-
 def build_trainer(
-    cfg: DictConfig, machine: Machine, callbacks: list[Any], loggers: list[Any]
+    trainer_cfg: Any,
+    machine: Machine,
+    matmul_precision: str | None,
+    callbacks: list[Any],
+    loggers: list[Any],
 ) -> L.Trainer:
-    configure_matmul_precision(cfg.get("matmul_precision"))
+    """The `trainer` config node built on the plan's machine."""
+    configure_matmul_precision(matmul_precision)
     use_hydra_logging_only()
     log.info("Accelerator %s, precision %s", machine.accelerator, machine.precision)
     return build(
-        cfg.trainer,
+        trainer_cfg,
         where="trainer",
         accelerator=machine.accelerator,
         precision=machine.precision,

@@ -3,11 +3,17 @@ SLURM's and submitit's warning before a time limit). A handler only records the 
 run decides where it is safe to stop (`callbacks.Preemption`) and the recipe turns the stop into
 exit code 143. Until the run's loop starts, SIGTERM keeps its default action, which ends the
 process at once, even while it waits inside torch (for a peer that never comes, for data):
-nothing is written before then, and the same command resumes. No torch here."""
+nothing is written before then, and the same command resumes. No torch here.
+
+Ctrl-C (SIGINT) is a stop signal too, once the loop runs: the run saves as on SIGTERM, says so in
+one line and exits 130. Before the loop (and in a sweep's driver between jobs) it ends the command
+with that line at once (`Interrupted`, which the console script prints): nothing is there to save.
+A second Ctrl-C always ends the process at once, by SIGINT's default action."""
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -17,7 +23,8 @@ from typing import Any
 from ..data.daemon_children import kill_daemon_children
 
 STOPPED_BY_SIGNAL_EXIT_CODE = 143
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 _watched: tuple[signal.Signals, ...] = ()
 _sigterm_recorded = False
@@ -26,8 +33,55 @@ _before_the_run: signal.Signals | None = None
 _received_at: float | None = None  # Unix time
 
 
+class Interrupted(BaseException):
+    """Ctrl-C before a run's loop started (not a KeyboardInterrupt, which Lightning turns into
+    exit code 1): the console script prints it as one line and exits 130."""
+
+    def __init__(self, where: str = "before training started") -> None:
+        super().__init__(
+            f"Stopped by Ctrl-C {where}: nothing new to save; run the same command to resume."
+        )
+        self.run_dir = hydra_job_folder()
+
+
+def hydra_job_folder() -> str | None:
+    """The folder of the Hydra job under way, if any (Hydra forgets it as the job ends)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return str(HydraConfig.get().runtime.output_dir)
+    except Exception:  # no job, or not yet its folder
+        return None
+
+
+def _second_interrupt_ends_at_once() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _interrupt(number: int, frame: FrameType | None) -> None:
+    global _before_the_run, _received, _received_at
+    _second_interrupt_ends_at_once()
+    # Kept as well, should the exception be swallowed (raised inside a finalizer, say): the run
+    # then stops at its first safe point instead.
+    if _watched:
+        _received, _received_at = _received or signal.SIGINT, time.time()
+    elif _before_the_run is None:
+        _before_the_run, _received_at = signal.SIGINT, time.time()
+    raise Interrupted()
+
+
+def interrupt_from_startup() -> None:
+    """Ctrl-C from a command's first moments ends it with one line (`Interrupted`) instead of a
+    KeyboardInterrupt's traceback; a run's loop records it instead (`watch`)."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+
+
 def _record(number: int, frame: FrameType | None) -> None:
     global _received, _received_at
+    if number == signal.SIGINT:
+        _second_interrupt_ends_at_once()
     if _received is None:
         _received, _received_at = signal.Signals(number), time.time()
 
@@ -68,7 +122,8 @@ def reassert() -> None:
     from here on recorded."""
     global _sigterm_recorded
     for number in _watched:
-        signal.signal(number, _record)
+        if not (number == signal.SIGINT and _received == signal.SIGINT):  # a second one: at once
+            signal.signal(number, _record)
     _sigterm_recorded = signal.SIGTERM in _watched
 
 
@@ -80,9 +135,20 @@ def rearm() -> None:
 
 
 def record_warnings() -> None:
-    """The watched signals but SIGTERM recorded; SIGTERM ends the process as by default."""
+    """The watched signals but SIGTERM and SIGINT recorded; SIGTERM ends the process as by
+    default, SIGINT with one line (`Interrupted`)."""
+    before_the_loop: dict[signal.Signals, Any] = {
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGINT: _interrupt,
+    }
     for number in _watched:
-        signal.signal(number, signal.SIG_DFL if number == signal.SIGTERM else _record)
+        signal.signal(number, before_the_loop.get(number, _record))
+
+
+def answers_ctrl_c() -> bool:
+    """SIGINT has Python's handler or ours: not ignored (a job started in the background), nor
+    taken by another handler."""
+    return signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _interrupt, _record)
 
 
 def ignore_warnings(names: Iterable[str] = WARNINGS) -> None:
@@ -96,7 +162,7 @@ def ignore_warnings(names: Iterable[str] = WARNINGS) -> None:
 def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
     """Record stop signals for the duration of a run, then put the previous handlers back."""
     global _watched, _received, _before_the_run, _received_at, _sigterm_recorded
-    numbers = tuple(signal.Signals[name] for name in names)
+    numbers = tuple(signal.Signals[name] for name in names if name != "SIGINT" or answers_ctrl_c())
     previous: dict[signal.Signals, Any] = {n: signal.getsignal(n) for n in numbers}
     _watched, _received, _before_the_run = numbers, _before_the_run, None
     if _received is None:

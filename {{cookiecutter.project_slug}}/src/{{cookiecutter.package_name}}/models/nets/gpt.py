@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..losses import next_token_loss
+
 
 class KVCache:
     """The keys and values of every position seen so far, for each block: with it, generating a
@@ -146,6 +148,7 @@ class GPT(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         activation_checkpointing: bool = False,
+        loss_chunk_size: int | None = None,
     ) -> None:
         super().__init__()
         sizes = dict(vocab_size=vocab_size, block_size=block_size, n_head=n_head, n_embd=n_embd)
@@ -154,9 +157,12 @@ class GPT(nn.Module):
                 raise ValueError(f"{name}={size} must be 1 or more")
         if n_layer < 0:
             raise ValueError(f"n_layer={n_layer} must be 0 or more")
+        if loss_chunk_size is not None and loss_chunk_size < 1:
+            raise ValueError(f"loss_chunk_size={loss_chunk_size} must be 1 or more, or null")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.activation_checkpointing = activation_checkpointing
+        self.loss_chunk_size = loss_chunk_size
         self.n_layer = n_layer
         self.n_head = n_head
         self.n_embd = n_embd
@@ -194,9 +200,12 @@ class GPT(nn.Module):
         idx: torch.Tensor,
         cache: KVCache | None = None,
         padding_mask: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (batch, seq, vocab) of `idx` (batch, seq), after the cached positions if any.
-        A batch of sequences of different lengths comes left-padded, with `padding_mask` (batch,
+        """Logits (batch, seq, vocab) of `idx` (batch, seq), after the cached positions if any;
+        with `targets` (batch, seq), instead, the mean cross-entropy against them (-100: not
+        counted), computed here so that a compiled or sharded network covers it too, and
+        `loss_chunk_size` positions at a time (models/losses.py) without full logits. A batch of sequences of different lengths comes left-padded, with `padding_mask` (batch,
         cached + seq), True at real tokens: each row's positions count its own tokens and no
         position attends to padding, so a row gets the logits it gets alone."""
         seq = idx.size(1)
@@ -223,6 +232,8 @@ class GPT(nn.Module):
                 x = block(x, cache, layer, attn_mask)
         if cache is not None:
             cache.length += seq
+        if targets is not None:
+            return next_token_loss(self.ln_f(x), self.lm_head, targets, self.loss_chunk_size)
         return project(self.lm_head, self.ln_f(x))
 
     def new_cache(self) -> KVCache:

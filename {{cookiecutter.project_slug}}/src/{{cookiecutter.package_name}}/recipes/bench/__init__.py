@@ -6,7 +6,8 @@
     {{ cookiecutter.package_name }}-bench bench.prepare=true bench.repeats=5
 {%- endif %}
 
-By default it times the training step, in Lightning and in plain PyTorch (`training`); with
+By default it times the training step, in Lightning and in plain PyTorch (`training`){% if cookiecutter.examples != "vision" %}, and a
+GPT's also in a plain nanoGPT-style loop with its own model (`peer`, `bench.peer=nanogpt`){% endif %}; with
 `bench.generation=true`, a language model's generation speed with and without its key/value
 cache (`generation`){% if cookiecutter.examples != "vision" %}; with `bench.prepare=true`, the prepare command against a plain
 `tokenizers` + numpy script on the same corpus (`preparation`){% endif %}; with
@@ -72,6 +73,12 @@ def check_bench_settings(cfg: DictConfig) -> None:
     check_whole("bench.warmup", settings.warmup, 1, allowed=())
     check_whole("bench.steps", settings.steps, 2, allowed=())
     check_whole("bench.matmul_size", settings.get("matmul_size"), 1)
+{%- if cookiecutter.examples != "vision" %}
+    if settings.get("peer") not in (None, "nanogpt"):
+        raise ConfigError(
+            f"bench.peer={settings.peer}: use nanogpt (a nanoGPT-style loop beside ours) or null."
+        )
+{%- endif %}
     for key in ("batch", "prompt_tokens", "new_tokens", "repeats", "save_every"):
         check_whole(f"bench.{key}", settings.get(key), 1, allowed=())
     if settings.get("checkpointing") and int(settings.save_every) > int(settings.steps):

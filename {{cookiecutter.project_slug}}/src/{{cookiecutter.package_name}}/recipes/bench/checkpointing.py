@@ -28,7 +28,7 @@ from ...errors import ConfigError
 from ...run.machine import resolve_accelerator, resolve_precision, use_hydra_logging_only
 from ...run.strategies import ShardedCheckpointStrategy
 from ...targets import build
-from .training import command_line, publish
+from .report import command_line, publish
 
 BENCH_ORDER = ("consolidated", "sync", "async")
 

@@ -23,14 +23,8 @@ from omegaconf import DictConfig
 from ...errors import ConfigError
 from ...run.machine import configure_matmul_precision, resolve_accelerator, resolve_precision
 from ...targets import build
-from .training import (
-    AUTOCAST_DTYPES,
-    TRUE_DTYPES,
-    command_line,
-    device_name,
-    peak_memory_gib,
-    publish,
-)
+from .device import AUTOCAST_DTYPES, TRUE_DTYPES, device_name, peak_memory_gib
+from .report import command_line, publish
 
 log = logging.getLogger(__name__)
 

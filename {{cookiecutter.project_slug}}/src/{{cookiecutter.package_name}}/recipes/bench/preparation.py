@@ -111,7 +111,7 @@ def cpu_name() -> str:
 def bench_preparation(cfg: DictConfig) -> dict[str, Any]:
     settings = cfg.bench
     overrides = checked_overrides(settings)
-    from .training import command_line, publish  # torch, which a refusal above does not wait for
+    from .report import command_line, publish  # torch, which a refusal above does not wait for
 
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as scratch:
         folder = Path(scratch)

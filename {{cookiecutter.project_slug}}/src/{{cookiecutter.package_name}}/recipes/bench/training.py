@@ -1,39 +1,33 @@
-"""Time an experiment's training step, in Lightning and in plain PyTorch.
+"""Time an experiment's training step: in Lightning, in plain PyTorch and, for a GPT, in the peer.
 
     {{ cookiecutter.package_name }}-bench{% if cookiecutter.examples != "vision" %} experiment=gpt2_small trainer=gpu{% endif %} bench.steps=50
 
-Both loops train the same network with the same optimizer, schedule, precision (autocast),
-compile setting, gradient clipping and accumulation on the same batches. Each runs `bench.warmup`
-steps (compilation and autotuning happen there; the device is synchronized after each), then
-`bench.steps` measured steps during which the host clock is read at every step's start and end
-and the device is synchronized only at the window's two ends. The plain loop trains `model.net`
-with cross-entropy of its output against the batch's targets, which is what both example modules
-do; the Lightning loop runs the LightningModule's own `training_step`.
+The Lightning and plain loops train the same network with the same optimizer, schedule, precision
+(autocast), compile setting, gradient clipping and accumulation on the same batches. Each runs
+`bench.warmup` steps (compilation and autotuning happen there; the device is synchronized after
+each), then `bench.steps` measured steps during which the host clock is read at every step's start
+and end and the device is synchronized only at the window's two ends (clock.py). The plain loop
+computes the loss as the example modules do (a GPT's own `forward(inputs, targets=...)`, the
+cross-entropy of the net's output otherwise); the Lightning loop runs the LightningModule's own
+`training_step`.{% if cookiecutter.examples != "vision" %} With `bench.peer=nanogpt`, a GPT is also trained by a plain nanoGPT-style loop
+with its own model of the same shape (peer.py), on the same batches, in the same process.{% endif %}
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
-import json
+import inspect
 import logging
 import math
-import platform
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ...callbacks.throughput import peak_tflops
 from ...errors import ConfigError
-from ...files import write_text_atomically
 from ...models.fp8 import convert_to_fp8
 from ...models.lora import add_adapters
 from ...models.optim import configure_optimizers
@@ -44,164 +38,23 @@ from ...run.machine import (
     resolve_precision,
     use_hydra_logging_only,
 )
+from ...run.plan import strategy_of
 from ...targets import build
+from .clock import LightningStepClock, StepClock, epochs_of
+from .device import (
+    AUTOCAST_DTYPES,
+    TRUE_DTYPES,
+    ceiling_dtype,
+    device_name,
+    matmul_tflops,
+    peak_memory_gib,
+    release_memory,
+)
+from .report import command_line, compare, publish, rates, report
 
 log = logging.getLogger(__name__)
 
-AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
-
-
-class StepClock:
-    """Host clock at each step's start (batch on the device) and end (optimizer stepped).
-
-    The device is synchronized around every warm-up step and at the start of step `warmup` and
-    of step `warmup + steps`, never in between: the measured window holds `steps` whole steps.
-    """
-
-    def __init__(self, device: torch.device, warmup: int, steps: int) -> None:
-        self.device = device
-        self.warmup = warmup
-        self.steps = steps
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-        self.fingerprints: list[int] = []
-
-    @property
-    def total(self) -> int:
-        """Steps started: warm-up, measured, and the one whose start closes the window."""
-        return self.warmup + self.steps + 1
-
-    @property
-    def done(self) -> bool:
-        return len(self.starts) >= self.total
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def start(self, batch: Any) -> None:
-        index = len(self.starts)
-        if index >= self.total:
-            return
-        if index < self.warmup:
-            # Tells whether both loops saw the same batches; the warm-up syncs anyway.
-            self.fingerprints.append(int(batch[-1].long().sum()))
-        if index <= self.warmup or index == self.total - 1:
-            self.synchronize()
-        self.starts.append(time.perf_counter())
-
-    def end(self) -> None:
-        if len(self.ends) < self.warmup:
-            self.synchronize()
-        self.ends.append(time.perf_counter())
-
-    def summary(self) -> dict[str, Any]:
-        """Step times in seconds. `data_share` is the host time between one step's end and the
-        next step's start (fetching the next batch, moving it to the device) over the window."""
-        if not self.done:
-            raise RuntimeError(f"only {len(self.starts)} of {self.total} steps ran")
-        first, last = self.warmup, self.warmup + self.steps
-        window = self.starts[last] - self.starts[first]
-        steps = [b - a for a, b in itertools.pairwise(self.starts[first : last + 1])]
-        waits = [self.starts[i + 1] - self.ends[i] for i in range(first, last)]
-        median = statistics.median(steps)
-        deciles = (
-            statistics.quantiles(steps, n=10, method="inclusive")  # within the times measured
-            if len(steps) > 1
-            else [median] * 9
-        )
-        warmup_steps = [b - a for a, b in itertools.pairwise(self.starts[: first + 1])]
-        return {
-            "step_time_median_s": median,
-            "step_time_p10_s": deciles[0],
-            "step_time_p90_s": deciles[-1],
-            "step_time_mean_s": window / self.steps,
-            "data_share": sum(waits) / window,
-            "first_step_s": warmup_steps[0] if warmup_steps else None,
-            "warmup_excess_s": sum(max(0.0, t - median) for t in warmup_steps),
-        }
-
-
-class LightningStepClock(Callback):
-    """Reads a `StepClock` at Lightning's batch hooks; nothing else."""
-
-    def __init__(self, clock: StepClock, seed: int) -> None:
-        self.clock = clock
-        self.seed = seed
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The same sampler seed as the plain loop: Lightning draws it when it first iterates.
-        torch.manual_seed(self.seed)
-
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self.clock.start(batch)
-
-    def on_train_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        self.clock.end()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        cpu = names[0].split(":", 1)[1].strip() if names else cpu
-    return f"{cpu} ({torch.get_num_threads()} threads)"
-
-
-def ceiling_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """On a GPU, the dtype the model's matrix products run in under this precision; on a CPU,
-    float32 (few CPUs multiply 16-bit floats natively)."""
-    if device.type == "cpu":
-        return torch.float32
-    return AUTOCAST_DTYPES.get(precision) or TRUE_DTYPES.get(precision) or torch.float32
-
-
-def matmul_tflops(device: torch.device, dtype: torch.dtype, size: int) -> float:
-    """The median rate of a size x size x size matrix product over 5 timings, on the threads the
-    loops use: the ceiling the model's matmuls can reach on this device in this dtype (float32
-    follows `matmul_precision`)."""
-    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
-    out = torch.empty_like(a)
-    repeats = 10 if device.type == "cuda" else 2
-    for _ in range(2):
-        torch.mm(a, b, out=out)
-    times = []
-    for _ in range(5):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, b, out=out)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) / repeats)
-    return 2 * size**3 / statistics.median(times) / 1e12
-
-
-def release_memory(device: torch.device) -> None:
-    """Free what the last loop left, forget compiled graphs, and restart the memory peak."""
-    gc.collect()
-    torch._dynamo.reset()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+NET_SHAPE = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "loss_chunk_size")
 
 
 def build_trainer(
@@ -282,25 +135,16 @@ def plain_loop(
         total_steps=math.ceil(clock.total / accumulate),
     )
     optimizer = configured["optimizer"]
-    scheduler = configured["lr_scheduler"]["scheduler"] if "lr_scheduler" in configured else None
+    schedule = configured.get("lr_scheduler") or {}
+    # One that steps on a validation metric (ReduceLROnPlateau) has none to step on here.
+    scheduler = None if schedule.get("monitor") else schedule.get("scheduler")
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "16-mixed")
     autocast_dtype = AUTOCAST_DTYPES.get(precision)
     clip_value = cfg.trainer.get("gradient_clip_val")
     clip_by_value = cfg.trainer.get("gradient_clip_algorithm") == "value"
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    loader = datamodule.train_dataloader()
-
-    def batches() -> Any:
-        """Epoch after epoch, setting the sampler's epoch at each start as Lightning does."""
-        for epoch in itertools.count():
-            for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
-                set_epoch = getattr(sampler, "set_epoch", None)
-                if set_epoch is not None:
-                    set_epoch(epoch)
-            yield from loader
-
-    torch.manual_seed(seed)
-    stream = batches()
+    takes_targets = "targets" in inspect.signature(net.forward).parameters
+    stream = epochs_of(datamodule.train_dataloader(), seed)
     for index in range(clock.total):
         batch = next(stream)
         batch = [t.to(device, non_blocking=True) for t in batch]
@@ -312,8 +156,10 @@ def plain_loop(
         if clock.done:
             break
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = net(inputs)
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+            if takes_targets:  # a GPT computes its loss itself, in its compiled forward
+                loss = net(inputs, targets=targets)
+            else:
+                loss = F.cross_entropy(net(inputs).flatten(0, -2).float(), targets.flatten())
         scaler.scale(loss / accumulate).backward()
         if (index + 1) % accumulate == 0:
             if clip_value:
@@ -362,36 +208,6 @@ def find_batch_size(cfg: DictConfig, accelerator: str, precision: str) -> int:
     return int(found)
 
 
-def rates(
-    summary: dict[str, Any],
-    samples_per_step: int,
-    tokens_per_sample: int | None,
-    flops_per_sample: float | None,
-    peak: float | None,
-    ceiling: float,
-) -> dict[str, Any]:
-    """Throughput over the whole window (its mean step time), and the achieved share of the
-    table's peak and of the measured matmul ceiling."""
-    samples_per_sec = samples_per_step / summary["step_time_mean_s"]
-    tflops = samples_per_sec * flops_per_sample / 1e12 if flops_per_sample else None
-    return {
-        "samples_per_sec": samples_per_sec,
-        "tokens_per_sec": samples_per_sec * tokens_per_sample if tokens_per_sample else None,
-        "tflops": tflops,
-        "mfu": tflops / peak if tflops and peak else None,
-        "mfu_vs_matmul": tflops / ceiling if tflops else None,
-    }
-
-
-def command_line() -> str:
-    try:
-        overrides = HydraConfig.get().overrides.task
-    except ValueError:
-        overrides = []
-    program = "{{ cookiecutter.package_name }}-bench"
-    return " ".join([program, *overrides])
-
-
 def bench(cfg: DictConfig) -> dict[str, Any]:
     settings = cfg.bench
     accelerator = resolve_accelerator(str(cfg.trainer.accelerator))
@@ -400,7 +216,8 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
     use_hydra_logging_only()
     device = torch.device("cuda" if accelerator in ("gpu", "cuda") else accelerator)
     with torch.device("meta"):
-        check_fp8(cfg, device.type, build(cfg.model.net, where="model.net"))
+        net = build(cfg.model.net, where="model.net")
+        check_fp8(cfg.model.get("fp8"), strategy_of(cfg.trainer.get("strategy")), device.type, net)
 
     if settings.get("find_batch_size"):
         found = find_batch_size(cfg, accelerator, precision)
@@ -444,6 +261,10 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
         "matmul_size": size,
         "matmul_dtype": str(ceiling_dtype(precision, device)).removeprefix("torch."),
     }
+    # A language model's shape, where the net has one: what the peer mirrors.
+    shape = {key: cfg.model.net.get(key) for key in NET_SHAPE if key in cfg.model.net}
+    if shape:
+        results["net"] = shape
     loops = {"lightning": summary}
     if settings.get("plain", True):
         clock = StepClock(device, settings.warmup, settings.steps)
@@ -451,6 +272,12 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
         loops["plain"]["peak_memory_gib"] = peak_memory_gib(device)
         results["same_batches"] = clock.fingerprints == fingerprints
         release_memory(device)
+{%- if cookiecutter.examples != "vision" %}
+    if settings.get("peer"):
+        peer = run_peer(cfg, device, precision, fingerprints, results)
+        if peer is not None:
+            loops["peer"] = peer
+{%- endif %}
     # The ceiling again after the loops, and the higher of the two: on a machine whose speed
     # changes (other jobs, clocks), one measurement can fall below what the loops then reached.
     after = matmul_tflops(device, ceiling_dtype(precision, device), size)
@@ -465,70 +292,35 @@ def bench(cfg: DictConfig) -> dict[str, Any]:
             loop["mfu_vs_matmul"] = None
             results["matmul_note"] = "MFU vs matmul left out: a loop beat the measured ceiling"
         results[name] = loop
-    if "plain" in loops:
-        plain = loops["plain"]
-        results["ratio"] = summary["step_time_median_s"] / plain["step_time_median_s"]
-        results["ratio_mean"] = summary["step_time_mean_s"] / plain["step_time_mean_s"]
+    compare(results)
 
     publish(results, Path(settings.output), report(results))
     return results
+{%- if cookiecutter.examples != "vision" %}
 
 
-def publish(results: dict[str, Any], output: Path, text: str) -> None:
-    """Print the report and write the results as JSON."""
-    write_text_atomically(json.dumps(results, indent=2) + "\n", output)
-    print(text)
-    print(f"Wrote {output}")
+def run_peer(
+    cfg: DictConfig,
+    device: torch.device,
+    precision: str,
+    fingerprints: list[int],
+    results: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The peer's loop on the same batches, or None (with a note) for a net it cannot mirror."""
+    from .peer import NAME, peer_loop, peer_shape
 
-
-# The width of the report's row labels, the longest of them
-# ("MFU vs matmul (% of 1234.5 TFLOP/s)") included.
-LABEL = 36
-
-
-def report(results: dict[str, Any]) -> str:
-    loops = [name for name in ("lightning", "plain") if name in results]
-
-    def row(label: str, key: str, scale: float = 1.0, places: int = 2) -> str:
-        cells = []
-        for name in loops:
-            value = results[name].get(key)
-            cells.append("-" if value is None else f"{value * scale:,.{places}f}")
-        return "  " + label.ljust(LABEL) + "".join(f"{cell:>14}" for cell in cells)
-
-    peak = results["peak_tflops"]
-    # Both MFU rows are percentages: the loop's TFLOP/s over the GPU's table peak, and over the
-    # matmul ceiling measured on this device.
-    mfu_vs_table = f"MFU vs table (% of {peak:g} TFLOP/s)" if peak else "MFU vs table peak (%)"
-    mfu_vs_matmul = f"MFU vs matmul (% of {results['matmul_tflops']:.1f} TFLOP/s)"
-    lines = [
-        f"{results['command']}",
-        f"  {results['device']}, {results['precision']}, "
-        f"{'compiled' if results['compile'] else 'eager'}, "
-        f"{'FP8 ' + results['fp8'] + ', ' if results['fp8'] else ''}batch {results['batch_size']}, "
-        f"{results['steps']} steps after {results['warmup_steps']} warm-up",
-        "  " + " " * LABEL + "".join(f"{name:>14}" for name in loops),
-        row("step time median (ms)", "step_time_median_s", 1e3),
-        row("step time p10 (ms)", "step_time_p10_s", 1e3),
-        row("step time p90 (ms)", "step_time_p90_s", 1e3),
-        row("step time mean (ms)", "step_time_mean_s", 1e3),
-        row("samples/s", "samples_per_sec", places=1),
-        row("tokens/s", "tokens_per_sec", places=0),
-        row("TFLOP/s", "tflops", places=3),
-        row(mfu_vs_table, "mfu", 100, 1),
-        row(mfu_vs_matmul, "mfu_vs_matmul", 100, 1),
-        row("peak memory (GiB)", "peak_memory_gib"),
-        row("data wait share (%)", "data_share", 100, 1),
-        row("first step (s)", "first_step_s"),
-        row("compile (s)", "compile_s"),
-        row("trained parameters", "trained_parameters", places=0),
-        row("float8 layers", "float8_layers", places=0),
-    ]
-    if results.get("matmul_note"):
-        lines.append(f"  {results['matmul_note']}")
-    if "ratio" in results:
-        lines.append(
-            f"  Lightning/plain step time: {results['ratio']:.3f} (median), "
-            f"{results['ratio_mean']:.3f} (mean); same batches: {results['same_batches']}"
+    shape = peer_shape(cfg.model.net)
+    if shape is None:
+        results["peer_note"] = (
+            f"bench.peer={NAME} mirrors a GPT (model.net with vocab_size, block_size, n_layer, "
+            "n_head, n_embd): not run for this model"
         )
-    return "\n".join(lines)
+        return None
+    clock = StepClock(device, cfg.bench.warmup, cfg.bench.steps)
+    loop = peer_loop(cfg, device, precision, clock, shape)
+    loop["peak_memory_gib"] = peak_memory_gib(device)
+    results["peer_name"] = NAME
+    results["peer_same_batches"] = clock.fingerprints == fingerprints
+    release_memory(device)
+    return loop
+{%- endif %}

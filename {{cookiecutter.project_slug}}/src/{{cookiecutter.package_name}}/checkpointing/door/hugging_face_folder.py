@@ -1,0 +1,118 @@
+"""Hugging Face model folders: values only, never their pickles. `config.json` is read as JSON and
+checked against the fields its reader expects, `model.safetensors` as safetensors (a JSON header,
+then raw tensor bytes); neither format can name code, and the pickled weights
+(`pytorch_model.bin`) are never read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...errors import ConfigError
+from .shard_metadata import is_sharded
+from .single_file import first_line, non_finite_tensors
+
+HF_CONFIG = "config.json"
+HF_WEIGHTS = "model.safetensors"
+HF_PICKLED = "pytorch_model.bin"
+HF_TOKENIZER = "tokenizer.json"  # JSON that the data modules read with the tokenizers library
+JSON_LIMIT = 1 << 20  # a model's config.json is a few kilobytes
+
+# What a checked JSON field may hold.
+JSON_KINDS: dict[str, Any] = {
+    "a string": lambda value: type(value) is str,
+    "a whole number": lambda value: type(value) is int,
+    "a whole number or null": lambda value: value is None or type(value) is int,
+    "a number": lambda value: type(value) in (int, float),
+    "true or false": lambda value: type(value) is bool,
+}
+
+
+def is_hugging_face(path: Path) -> bool:
+    """A folder laid out as a Hugging Face model: its config.json, or its weights."""
+    return (
+        path.is_dir()
+        and not is_sharded(path)
+        and any((path / name).is_file() for name in (HF_CONFIG, HF_WEIGHTS, HF_PICKLED))
+    )
+
+
+def hugging_face_files(folder: Path) -> list[Path]:
+    """The files of a Hugging Face folder that make its model and its tokens (what a fingerprint
+    of the folder covers; not the download's bookkeeping in `.cache`)."""
+    names = (HF_CONFIG, HF_WEIGHTS, HF_TOKENIZER)
+    return [folder / name for name in names if (folder / name).is_file()]
+
+
+def read_json_fields(
+    path: Path, fields: Mapping[str, str], required: Iterable[str], key: str
+) -> dict[str, Any]:
+    """A small JSON file holding one object, each of whose `fields` present holds what
+    `JSON_KINDS` names for it and the `required` ones present; one error line otherwise. Other
+    keys are kept as they are, unread."""
+    where = f"{key}={path.parent}: its {path.name}"
+    try:
+        with path.open("rb") as file:
+            data = file.read(JSON_LIMIT + 1)
+    except OSError as error:
+        raise ConfigError(f"{where} cannot be read ({error.strerror or error}).") from error
+    if len(data) > JSON_LIMIT:
+        raise ConfigError(
+            f"{where} is larger than {JSON_LIMIT >> 20} MiB, which no model's config is: "
+            "download it again."
+        )
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ConfigError(
+            f"{where} is not JSON ({first_line(error)}): download it again."
+        ) from error
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{where} holds a JSON {type(value).__name__}, not an object of settings: download "
+            "it again."
+        )
+    missing = [name for name in required if name not in value]
+    if missing:
+        raise ConfigError(
+            f"{where} has no {', '.join(missing)}: it is not the config of a model this project "
+            "converts."
+        )
+    for name, kind in fields.items():
+        if name in value and not JSON_KINDS[kind](value[name]):
+            raise ConfigError(
+                f"{where} has {name}={json.dumps(value[name])[:80]}, where the config of this "
+                f"model holds {kind}: download it again."
+            )
+    return value
+
+
+def read_safetensors(path: Path, key: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (a JSON header of names, types, shapes and offsets,
+    then raw bytes), each finite; one error line otherwise."""
+    where = f"{key}={path.parent}: its {path.name}"
+    try:
+        from safetensors.torch import load_file
+    except ImportError as error:
+        raise ConfigError(
+            f"{where} needs the safetensors package: pip install safetensors (or the project's "
+            "`pretrained` extra)."
+        ) from error
+    try:
+        tensors = load_file(path, device="cpu")
+    except Exception as error:  # safetensors raises its own SafetensorError, among others
+        raise ConfigError(
+            f"{where} is not a readable safetensors file ({first_line(error)}): it may be "
+            "truncated or damaged; download it again."
+        ) from error
+    bad = non_finite_tensors(tensors)
+    if bad:
+        raise ConfigError(
+            f"{where} holds NaN or infinite weights ({', '.join(bad[:3])}"
+            f"{' ...' if len(bad) > 3 else ''}): download it again."
+        )
+    return tensors

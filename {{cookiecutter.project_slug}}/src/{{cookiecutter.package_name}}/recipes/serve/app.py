@@ -1,0 +1,117 @@
+"""The HTTP routes (Starlette): `POST /generate` or `POST /classify`, `GET /health` and
+`GET /info`; a body read up to its limit and checked, then handed to the batcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .batching import Batcher, Pending, Served
+from .errors import BadRequest, stopped_event
+from .settings import Settings
+
+STREAM_TYPE = "application/x-ndjson"
+
+
+def error_response(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"the body is more than this server's limit of {limit} bytes", 413)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BadRequest(f"the body is more than this server's limit of {limit} bytes", 413)
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadRequest(f"the body is not JSON ({error})") from error
+    except RecursionError:
+        raise BadRequest("the body nests deeper than JSON is read here") from None
+
+
+def build_app(served: Served, settings: Settings) -> Starlette:
+    batcher = Batcher(served, settings)
+
+    async def answer(request: Request) -> Response:
+        try:
+            body = await read_json(request, settings.request_bytes)
+            checked = await run_in_threadpool(served.parse, body)
+        except BadRequest as error:
+            return error_response(str(error), error.status)
+        pending = Pending(checked.inputs, checked.options, asyncio.get_running_loop())
+        if batcher.stopping.is_set():
+            return error_response(stopped_event()["error"], 503)
+        if not batcher.submit(pending):
+            return error_response(
+                f"{settings.queued_requests} requests are waiting already: send it again later",
+                503,
+            )
+        if pending.options.get("stream"):
+            return StreamingResponse(streamed(pending), media_type=STREAM_TYPE)
+        event = await pending.final()
+        if "error" in event:
+            return error_response(event["error"], event["status"])
+        return JSONResponse(event)
+
+    async def streamed(pending: Pending) -> AsyncIterator[str]:
+        while True:
+            event = await pending.events.get()
+            if "error" in event:
+                event = {"error": event["error"]}
+            yield json.dumps(event) + "\n"
+            if "text" not in event:
+                return
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": served.kind})
+
+    async def info(request: Request) -> Response:
+        return JSONResponse({
+            "model": served.kind, "endpoint": f"POST {served.path}",
+            "max_batch_size": settings.max_batch_size, "batch_timeout": settings.batch_timeout,
+            "limits": {"request_bytes": settings.request_bytes,
+                       "max_new_tokens": settings.most_new_tokens,
+                       "image_pixels": settings.image_pixels},
+            **served.info(),
+        })  # fmt: skip
+
+    async def other(request: Request, error: Exception) -> Response:
+        status = error.status_code if isinstance(error, HTTPException) else 500
+        return error_response(
+            f"{request.method} {request.url.path} is not served here: this server has GET "
+            f"/health, GET /info and POST {served.path}",
+            status,
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        batcher.thread.start()
+        try:
+            yield
+        finally:
+            batcher.stop()
+
+    return Starlette(
+        routes=[
+            Route(served.path, answer, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/info", info, methods=["GET"]),
+        ],
+        exception_handlers={404: other, 405: other},
+        lifespan=lifespan,
+    )

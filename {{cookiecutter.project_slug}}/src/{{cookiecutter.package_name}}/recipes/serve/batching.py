@@ -1,0 +1,128 @@
+"""Requests that arrive together run as one batch: one thread runs the model, taking the checked
+requests that wait and answering each through its own queue of events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from .errors import Stopping, stopped_event
+from .settings import Settings
+
+log = logging.getLogger(__package__)  # the serve command's one logger, whichever module logs
+
+
+@dataclass
+class Checked:
+    """A request that passed every check: the model's inputs and how to answer."""
+
+    inputs: torch.Tensor
+    options: dict[str, Any]
+
+
+@dataclass
+class Pending:
+    """A checked request waiting for the model, and the events that answer it."""
+
+    inputs: torch.Tensor
+    options: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def final(self) -> dict[str, Any]:
+        while True:
+            event = await self.events.get()
+            if "text" not in event:
+                return event
+
+
+class Served(Protocol):
+    """A model behind the server (`Generation` or `Classification`): it checks a request, groups
+    the requests that can run together, and runs a group."""
+
+    kind: str
+    path: str
+
+    def parse(self, body: Any) -> Checked: ...
+
+    def groups(self, batch: list[Pending]) -> list[list[Pending]]: ...
+
+    def run(self, group: list[Pending], stopping: threading.Event) -> None: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+class Batcher:
+    """One thread runs the model: it takes the first waiting request, waits up to
+    `batch_timeout` for more (up to `max_batch_size`), and runs them as one batch."""
+
+    def __init__(self, served: Served, settings: Settings) -> None:
+        self.served = served
+        self.settings = settings
+        self.waiting: queue.Queue[Pending] = queue.Queue(maxsize=settings.queued_requests)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.loop, name="batcher", daemon=True)
+
+    def submit(self, pending: Pending) -> bool:
+        try:
+            self.waiting.put_nowait(pending)
+        except queue.Full:
+            return False
+        return True
+
+    def next_batch(self) -> list[Pending]:
+        try:
+            batch = [self.waiting.get(timeout=0.1)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + self.settings.batch_timeout
+        while len(batch) < self.settings.max_batch_size:
+            left = deadline - time.monotonic()
+            try:
+                batch.append(
+                    self.waiting.get(timeout=left) if left > 0 else self.waiting.get_nowait()
+                )
+            except queue.Empty:
+                break
+        return batch
+
+    def loop(self) -> None:
+        with torch.inference_mode():
+            while not self.stopping.is_set():
+                batch = self.next_batch()
+                for group in self.served.groups(batch) if batch else []:
+                    self.run(group)
+        while True:  # what still waits when the server stops
+            try:
+                self.waiting.get_nowait().send(stopped_event())
+            except queue.Empty:
+                return
+
+    def run(self, group: list[Pending]) -> None:
+        log.debug("A batch of %d request(s)", len(group))
+        try:
+            if self.stopping.is_set():
+                raise Stopping
+            self.served.run(group, self.stopping)
+        except Stopping:
+            for pending in group:
+                pending.send(stopped_event())
+        except Exception:
+            log.exception("The model failed on a batch of %d request(s)", len(group))
+            for pending in group:
+                pending.send({"error": "the model failed on this request (see the server's log)",
+                              "status": 500})  # fmt: skip
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
