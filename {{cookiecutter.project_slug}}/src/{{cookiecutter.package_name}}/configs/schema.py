@@ -52,7 +52,7 @@ class Train:
     extend: bool = False
     ckpt_path: str | None = None
     init_from: str | None = None
-    trust_checkpoint: bool = False
+    trust_checkpoint: Any = False  # true only as a YAML boolean: run/settings.py SWITCHES
     allowed_targets: list[str] = field(default_factory=list)
     test: bool = True
     monitor: Monitor = field(default_factory=Monitor)
@@ -117,7 +117,7 @@ class Tested:
     tags: list[str] = field(default_factory=list)
     seed: int | None = None
     ckpt_path: str | None = MISSING
-    trust_checkpoint: bool = False
+    trust_checkpoint: Any = False  # true only as a YAML boolean: run/settings.py SWITCHES
     allowed_targets: list[str] = field(default_factory=list)
     data: Any = field(default_factory=dict)
     model: Any = field(default_factory=dict)
@@ -161,7 +161,7 @@ class Export(Command):
     format: str = "pt2"
     output: str | None = None
     tolerance: float = 1.0e-4
-    trust_checkpoint: bool = False
+    trust_checkpoint: Any = False  # true only as a YAML boolean: run/settings.py SWITCHES
     allowed_targets: list[str] = field(default_factory=list)
     data: Any = field(default_factory=dict)
     model: Any = field(default_factory=dict)
@@ -183,7 +183,7 @@ class Serve(Command):
     tags: list[str] = field(default_factory=list)
     seed: int | None = None
     ckpt_path: str | None = MISSING
-    trust_checkpoint: bool = False
+    trust_checkpoint: Any = False  # true only as a YAML boolean: run/settings.py SWITCHES
     allowed_targets: list[str] = field(default_factory=list)
     data: Any = field(default_factory=dict)
     model: Any = field(default_factory=dict)
