@@ -11,7 +11,7 @@ and of each distribution every top-level module or package its files (RECORD) in
     .venv/bin/python -m tests.dependency_modules          # rewrite hooks/dependency_modules.txt
     .venv/bin/python -m tests.dependency_modules --check  # exit 1 if the shipped list is stale
 
-tests/test_invalid_answers.py fails when the shipped list differs from this computation.
+tests/test_invalid_answers.py fails when this computation names a module the shipped list lacks.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def main() -> int:
     arguments = parser.parse_args()
     computed = dependency_modules()
     if arguments.check:
-        stale = computed != shipped_modules()
+        stale = not set(computed) <= set(shipped_modules())
         if stale:
             print(f"{SHIPPED} is stale: run python -m tests.dependency_modules", file=sys.stderr)
         return int(stale)

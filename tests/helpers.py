@@ -147,6 +147,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/run/stop_signals.py",
         f"{src}/run/settings.py",
         f"{src}/run/plan.py",
+        f"{src}/run/schedule.py",
         f"{src}/run/lock.py",
         f"{src}/command_errors.py",
         f"{src}/sweeps/report.py",
@@ -207,6 +208,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/test_package_layers.py",
         "tests/test_runs.py",
         "tests/test_run_plan.py",
+        "tests/test_schedulers.py",
         "tests/test_scale_out.py",
         "tests/test_sweep_failures.py",
         "tests/test_command_line.py",
@@ -247,7 +249,14 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
     }
     files |= {f"{configs}/hydra/launcher/{name}.yaml" for name in ("local_gpus", "slurm")}
     files |= {f"{configs}/trainer/{name}.yaml" for name in ("default", "cpu", "gpu", "mps")}
-    files |= {f"{configs}/debug/{name}.yaml" for name in ("fdr", "overfit", "limit", "profiler")}
+    files |= {
+        f"{configs}/debug/{name}.yaml"
+        for name in ("default", "fdr", "overfit", "limit", "profiler")
+    }
+    files |= {
+        f"{configs}/scheduler/{name}.yaml"
+        for name in ("constant", "cosine", "onecycle", "plateau", "step")
+    }
     files |= {
         f"{configs}/callbacks/{name}.yaml"
         for name in (

@@ -17,11 +17,21 @@ from PIL import Image, ImageDraw
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from {{ cookiecutter.package_name }}.checkpointing.hugging_face_images import hugging_face_backbone
+from {{ cookiecutter.package_name }}.checkpointing.hugging_face_images import (
+    hugging_face_backbone,
+)
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.models.image_classifier import ImageClassifier
-from {{ cookiecutter.package_name }}.models.nets.backbones import IMAGENET_MEAN, IMAGENET_STD, BackboneClassifier
-from {{ cookiecutter.package_name }}.models.optim import configure_optimizers
+from {{ cookiecutter.package_name }}.models.image_classifier import (
+    ImageClassifier,
+)
+from {{ cookiecutter.package_name }}.models.nets.backbones import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    BackboneClassifier,
+)
+from {{ cookiecutter.package_name }}.models.optim import (
+    configure_optimizers,
+)
 from {{ cookiecutter.package_name }}.targets import build
 
 from .helpers import PACKAGE, ComposeFn, run_cli
@@ -344,7 +354,9 @@ def saved_timm(timm: Any, name: str, file: Path) -> Any:
 def test_a_timm_model_with_local_weights_gives_its_pooled_features(
     timm: Any, tmp_path: Path
 ) -> None:
-    from {{ cookiecutter.package_name }}.checkpointing.timm_backbones import timm_backbone
+    from {{ cookiecutter.package_name }}.checkpointing.timm_backbones import (
+        timm_backbone,
+    )
 
     source = saved_timm(timm, "resnet18", tmp_path / "model.safetensors")
     backbone = timm_backbone(
@@ -375,7 +387,9 @@ def test_bad_timm_settings_are_one_line(
     message: str,
     tmp_path: Path,
 ) -> None:
-    from {{ cookiecutter.package_name }}.checkpointing.timm_backbones import timm_backbone
+    from {{ cookiecutter.package_name }}.checkpointing.timm_backbones import (
+        timm_backbone,
+    )
 
     file = tmp_path / "model.safetensors"
     if weights_of is not None:
@@ -424,7 +438,9 @@ class StandInTimm:
 def test_timm_backbone_reads_local_weights_through_the_door(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from {{ cookiecutter.package_name }}.checkpointing import timm_backbones
+    from {{ cookiecutter.package_name }}.checkpointing import (
+        timm_backbones,
+    )
 
     monkeypatch.setattr(timm_backbones, "import_timm", StandInTimm)
     file = tmp_path / "model.safetensors"
@@ -452,7 +468,9 @@ def test_timm_backbone_reads_local_weights_through_the_door(
 def test_bad_timm_backbones_are_one_line(
     timm: StandInTimm, message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from {{ cookiecutter.package_name }}.checkpointing import timm_backbones
+    from {{ cookiecutter.package_name }}.checkpointing import (
+        timm_backbones,
+    )
 
     monkeypatch.setattr(timm_backbones, "import_timm", lambda: timm)
     with pytest.raises(ConfigError) as raised:

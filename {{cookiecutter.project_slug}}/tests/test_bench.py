@@ -19,8 +19,12 @@ from {{ cookiecutter.package_name }}.recipes.bench import (
     report,
     training,
 )
-from {{ cookiecutter.package_name }}.recipes.bench.clock import StepClock
-from {{ cookiecutter.package_name }}.recipes.bench.training import bench
+from {{ cookiecutter.package_name }}.recipes.bench.clock import (
+    StepClock,
+)
+from {{ cookiecutter.package_name }}.recipes.bench.training import (
+    bench,
+)
 {%- if cookiecutter.examples != "vision" %}
 from {{ cookiecutter.package_name }}.run.machine import FP8_ON_CPU
 
@@ -140,7 +144,10 @@ def test_bench_language_on_cpu(tmp_path: Path) -> None:
 def test_the_peer_is_a_gpt_of_the_measured_shape(tmp_path: Path) -> None:
     """nanoGPT's model with the measured net's sizes: as many parameters in the same places
     (tied embeddings, no biases), and its first loss that of a uniform guess."""
-    from {{ cookiecutter.package_name }}.recipes.bench.peer import NanoGPT, peer_shape
+    from {{ cookiecutter.package_name }}.recipes.bench.peer import (
+        NanoGPT,
+        peer_shape,
+    )
 
     cfg = compose_config("bench", ["experiment=gpt2_small", "model.net.vocab_size=50304"], tmp_path)
     with torch.device("meta"):

@@ -6,8 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.models.lora import add_adapters
-from {{ cookiecutter.package_name }}.models.losses import IGNORED, chunked_cross_entropy
+from {{ cookiecutter.package_name }}.models.lora import (
+    add_adapters,
+)
+from {{ cookiecutter.package_name }}.models.losses import (
+    IGNORED,
+    chunked_cross_entropy,
+)
 from {{ cookiecutter.package_name }}.models.nets.gpt import GPT
 
 VOCAB = 96

@@ -19,7 +19,10 @@ from omegaconf import DictConfig, ListConfig
 from {{ cookiecutter.package_name }}.command_errors import one_line
 from {{ cookiecutter.package_name }}.recipes.train import train
 from {{ cookiecutter.package_name }}.run.checks import check_config
-from {{ cookiecutter.package_name }}.run.plan import RunPlan, strategy_of
+from {{ cookiecutter.package_name }}.run.plan import (
+    RunPlan,
+    strategy_of,
+)
 
 from .helpers import PACKAGE, PROJECT_ROOT, compose_config, run_cli
 

@@ -17,7 +17,9 @@ from omegaconf import DictConfig
 
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.recipes.train import train
-from {{ cookiecutter.package_name }}.run.schedule import check_schedule
+from {{ cookiecutter.package_name }}.run.schedule import (
+    check_schedule,
+)
 
 from .helpers import PACKAGE, ComposeFn, run_cli
 

@@ -277,7 +277,9 @@ def test_a_tracker_whose_package_is_missing_is_one_line(
     from lightning_utilities.core.imports import RequirementCache
 
     from {{ cookiecutter.package_name }}.errors import ConfigError
-    from {{ cookiecutter.package_name }}.loggers import instantiate_loggers
+    from {{ cookiecutter.package_name }}.loggers import (
+        instantiate_loggers,
+    )
 
     monkeypatch.setattr(mlflow, "_MLFLOW_AVAILABLE", RequirementCache("mlflow>=999"))
     cfg = compose_config("train", [*QUICK, "logger=mlflow"], tmp_path)
@@ -293,7 +295,10 @@ def test_a_wandb_run_left_open_by_an_earlier_job_is_finished_before_the_next_sta
     """In one process (the basic launcher, a joblib worker), job after job."""
     import wandb
 
-    from {{ cookiecutter.package_name }}.loggers import finish_loggers, instantiate_loggers
+    from {{ cookiecutter.package_name }}.loggers import (
+        finish_loggers,
+        instantiate_loggers,
+    )
 
     for name, value in OFFLINE.items():
         monkeypatch.setenv(name, value)
@@ -362,7 +367,10 @@ def test_under_a_wandb_sweep_agent_the_run_takes_the_agents_run_id(
 ) -> None:
     """The agent starts the command with WANDB_SWEEP_ID and WANDB_RUN_ID: the trial reports to
     that run, and its run directory records it."""
-    from {{ cookiecutter.package_name }}.loggers import describe_run, prepare_wandb
+    from {{ cookiecutter.package_name }}.loggers import (
+        describe_run,
+        prepare_wandb,
+    )
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SWEEP_ID", "sweep1")

@@ -126,7 +126,7 @@ def image_inputs(cfg: DictConfig, trained: Trained) -> list[str]:
 
 def class_names(datamodule: Any, count: int) -> list[str]:
     """What each class id means: the data module's class names (an image folder's, which its
-    checkpoint stores), else the ids themselves (the digits' classes are their digits)."""
+    checkpoint stores), else the ids themselves."""
     names = getattr(datamodule, "classes", None)
     if isinstance(names, (list, tuple)) and len(names) == count:
         return [str(name) for name in names]

@@ -1,4 +1,5 @@
-"""Time an experiment's training step: in Lightning, in plain PyTorch and, for a GPT, in the peer.
+"""Time an experiment's training step: in Lightning and in plain PyTorch{% if cookiecutter.examples != "vision" %},
+and for a GPT in the nanoGPT-style peer{% endif %}.
 
     {{ cookiecutter.package_name }}-bench{% if cookiecutter.examples != "vision" %} experiment=gpt2_small trainer=gpu{% endif %} bench.steps=50
 
@@ -7,8 +8,8 @@ The Lightning and plain loops train the same network with the same optimizer, sc
 `bench.warmup` steps (compilation and autotuning happen there; the device is synchronized after
 each), then `bench.steps` measured steps during which the host clock is read at every step's start
 and end and the device is synchronized only at the window's two ends (clock.py). The plain loop
-computes the loss as the example modules do (a GPT's own `forward(inputs, targets=...)`, the
-cross-entropy of the net's output otherwise); the Lightning loop runs the LightningModule's own
+computes the loss as the example modules do (the net's own `forward(inputs, targets=...)` where it
+takes targets, the cross-entropy of the net's output otherwise); the Lightning loop runs the LightningModule's own
 `training_step`.{% if cookiecutter.examples != "vision" %} With `bench.peer=nanogpt`, a GPT is also trained by a plain nanoGPT-style loop
 with its own model of the same shape (peer.py), on the same batches, in the same process.{% endif %}
 """
@@ -156,7 +157,7 @@ def plain_loop(
         if clock.done:
             break
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            if takes_targets:  # a GPT computes its loss itself, in its compiled forward
+            if takes_targets:  # the net computes its loss itself, in its compiled forward
                 loss = net(inputs, targets=targets)
             else:
                 loss = F.cross_entropy(net(inputs).flatten(0, -2).float(), targets.flatten())
