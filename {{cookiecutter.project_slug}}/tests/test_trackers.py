@@ -94,7 +94,7 @@ def offline_runs(run_dir: Path) -> list[Path]:
 
 def job_dirs(cwd: Path) -> list[Path]:
     (sweep,) = (cwd / "logs" / "train" / "multiruns").iterdir()
-    return sorted((p for p in sweep.iterdir() if p.is_dir()), key=lambda p: int(p.name))
+    return sorted((p for p in sweep.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
 def assert_one_run_per_job(cwd: Path, rates: list[float]) -> list[str]:
