@@ -32,10 +32,8 @@ MISTYPED = [
     ("train", "seed=abc", "seed='abc': use a whole number, or null."),
     ("train", "seed=1.5", "seed=1.5: use a whole number, or null."),
     ("train", "extend=maybe", "extend='maybe': use true or false."),
-    ("train", "trust_checkpoint=maybe", "trust_checkpoint='maybe': use true or false."),
     ("train", "tags=dev", "tags='dev': use a list, e.g. [a,b]."),
     ("train", "extras.print_config=sometimes", "extras.print_config='sometimes': use true or false."),
-    ("eval", "ckpt_path=a.ckpt trust_checkpoint=maybe", "trust_checkpoint='maybe': use true or false."),
     ("predict", "ckpt_path=a.ckpt kv_cache=maybe", "kv_cache='maybe': use true or false."),
     ("predict", "ckpt_path=a.ckpt max_new_tokens=many", "max_new_tokens='many': use a whole number."),
     ("export", "ckpt_path=a.ckpt tolerance=close", "tolerance='close': use a number."),
@@ -83,13 +81,13 @@ def test_a_mistyped_setting_on_the_command_line_is_one_line_and_writes_nothing(
 ) -> None:
     probe = (
         "import sys\n"
-        f"sys.argv = ['{PACKAGE}-train', 'trust_checkpoint=2.5']\n"
+        f"sys.argv = ['{PACKAGE}-train', 'seed=1.5']\n"
         f"from {PACKAGE}.cli import train\n"
         "try:\n    train()\nexcept SystemExit as ended:\n    print('EXIT', ended.code)\n"
         "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_NOT_IMPORTED')\n"
     )
     result = run_cli("-c", probe, cwd=tmp_path)
-    assert result.stderr.strip() == "error: trust_checkpoint=2.5: use true or false."
+    assert result.stderr.strip() == "error: seed=1.5: use a whole number, or null."
     assert "EXIT 1" in result.stdout and "TORCH_NOT_IMPORTED" in result.stdout
     assert not (tmp_path / "logs").exists()
 
