@@ -72,7 +72,7 @@ LANGUAGE_FILES = [
     PACKAGE / "data" / "tokenizer.py",
     PACKAGE / "data" / "token_shards.py",
     PACKAGE / "data" / "streaming.py",
-    PACKAGE / "recipes" / "prepare.py",
+    PACKAGE / "recipes" / "prepare",
     PACKAGE / "data" / "corpus.py",
     PACKAGE / "data" / "shard_format.py",
     PACKAGE / "data" / "tokenizing.py",

@@ -329,7 +329,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{src}/data/tokenizer.py",
             f"{src}/data/token_shards.py",
             f"{src}/data/streaming.py",
-            f"{src}/recipes/prepare.py",
+            f"{src}/recipes/prepare",
             f"{configs}/prepare.yaml",
             f"{configs}/data/token_shards.yaml",
             f"{configs}/experiment/language_bpe.yaml",

@@ -30,7 +30,6 @@ from {{ cookiecutter.package_name }}.checkpointing.trained import (
     load_base_weights,
 )
 from {{ cookiecutter.package_name }}.cli import _run
-from {{ cookiecutter.package_name }}.command_errors import one_line
 from {{ cookiecutter.package_name }}.errors import (
     ConfigError,
     TrainingError,

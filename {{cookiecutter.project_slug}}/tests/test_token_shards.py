@@ -37,11 +37,10 @@ from {{ cookiecutter.package_name }}.data.tokenizer import (
     load_tokenizer,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.recipes import (
-    prepare as prepare_module,
-)
 from {{ cookiecutter.package_name }}.recipes.prepare import (
+    corpus_pieces,
     prepare,
+    shards,
     split_pieces,
 )
 
@@ -271,7 +270,7 @@ def test_bad_prepare_settings_get_one_line_before_the_corpus_is_read(
     cfg = prepare_config(tmp_path, f"source={corpus}", *filled)
     monkeypatch.chdir(tmp_path)  # where an unset source or output would point
     if not case.startswith("source "):
-        monkeypatch.setattr(prepare_module, "source_files", lambda *_: pytest.fail("read"))
+        monkeypatch.setattr(corpus_pieces, "source_files", lambda *_: pytest.fail("read"))
     line = one_line_error(cfg, capsys)
     for fragment in fragments:
         assert fragment in line, line
@@ -319,7 +318,7 @@ def test_max_bytes_reads_only_what_it_keeps_and_cuts_as_the_whole_corpus_would(
     for index in range(5):
         (folder / f"b_{index}.txt").write_text(line * 100)
     read: list[tuple[str, int]] = []
-    read_text = prepare_module.read_text
+    read_text = corpus_pieces.read_text
 
     def counted(path: Path, limit: int | None, source: str) -> str | None:
         text = read_text(path, limit, source)
@@ -327,13 +326,13 @@ def test_max_bytes_reads_only_what_it_keeps_and_cuts_as_the_whole_corpus_would(
         return text
 
     whole = split_pieces(str(folder), None, 0.1, 0.1)
-    monkeypatch.setattr(prepare_module, "read_text", counted)
+    monkeypatch.setattr(corpus_pieces, "read_text", counted)
     kept = split_pieces(str(folder), 1_500_000, 0.1, 0.1)
     for split in SPLITS:
         assert kept[split] == whole[split][: len(kept[split])]
     assert 1_500_000 <= sum(len(p.encode()) for pieces in kept.values() for p in pieces) < 1_800_000
     assert [name for name, _ in read] == ["a_large.txt"]
-    assert read[0][1] <= 1_500_000 + 4 * prepare_module.PIECE_CHARACTERS + 4
+    assert read[0][1] <= 1_500_000 + 4 * corpus_pieces.PIECE_CHARACTERS + 4
 
 
 def test_a_prepare_failing_while_writing_leaves_no_staging_folder(
@@ -343,7 +342,7 @@ def test_a_prepare_failing_while_writing_leaves_no_staging_folder(
     def disk_full(*_: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.bin"))
 
-    monkeypatch.setattr(prepare_module, "tokenize_split", disk_full)
+    monkeypatch.setattr(shards, "tokenize_split", disk_full)
     cfg = prepare_config(tmp_path, f"source={corpus}", *QUICK)
     assert "No space left" in one_line_error(cfg, capsys)
     assert files_in(tmp_path) == []

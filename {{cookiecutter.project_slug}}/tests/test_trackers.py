@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from {{ cookiecutter.package_name }}.run.checks import (
+    check_config,
+)
+
 from .helpers import PACKAGE, PROJECT_ROOT, compose_config, run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -284,7 +288,7 @@ def test_a_tracker_whose_package_is_missing_is_one_line(
     monkeypatch.setattr(mlflow, "_MLFLOW_AVAILABLE", RequirementCache("mlflow>=999"))
     cfg = compose_config("train", [*QUICK, "logger=mlflow"], tmp_path)
     with pytest.raises(ConfigError) as refused:
-        instantiate_loggers(cfg.logger, cfg)
+        instantiate_loggers(cfg.logger, check_config(cfg).tracked)
     assert str(refused.value).startswith("logger.mlflow needs the mlflow-skinny package")
     assert "pip install -e '.[mlflow]'" in str(refused.value)
 
@@ -306,7 +310,7 @@ def test_a_wandb_run_left_open_by_an_earlier_job_is_finished_before_the_next_sta
     ids = []
     for job in ("a", "b"):
         cfg = compose_config("train", [*QUICK, "logger=wandb"], tmp_path / job)
-        (logger,) = instantiate_loggers(cfg.logger, cfg)
+        (logger,) = instantiate_loggers(cfg.logger, check_config(cfg).tracked)
         logger.log_metrics({"x": 1.0}, step=0)  # starts the run
         assert wandb.run is not None and wandb.run.id == logger.experiment.id
         ids.append(wandb.run.id)
@@ -377,6 +381,6 @@ def test_under_a_wandb_sweep_agent_the_run_takes_the_agents_run_id(
     monkeypatch.setenv("WANDB_RUN_ID", "agentsrun1")
     cfg = compose_config("train", [*QUICK, "logger=wandb"], tmp_path)
     node = cfg.logger.wandb
-    prepare_wandb(node, describe_run(cfg))
+    prepare_wandb(node, describe_run(check_config(cfg).tracked))
     assert node.id == "agentsrun1"
     assert (Path(cfg.paths.output_dir) / "wandb_run_id.txt").read_text().strip() == "agentsrun1"

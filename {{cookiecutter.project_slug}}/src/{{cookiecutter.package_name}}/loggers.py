@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import ConfigError
 from .run.machine import wandb_login_present
+from .run.plan import TrackedJob
 from .targets import build
 
 log = logging.getLogger(__name__)
@@ -112,25 +113,23 @@ class TrackedRun:
     trained: dict[str, str] = field(default_factory=dict)
 
 
-def describe_run(cfg: DictConfig | None, trained_from: str | None = None) -> TrackedRun:
+def describe_run(job: TrackedJob | None, trained_from: str | None = None) -> TrackedRun:
     """The job's tracker run: named by `run_name`, else its overrides (all of them, where its
     run folder's name is shortened), grouped by its multirun's folder (else its own folder, or
     the group of the training run it links to)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    output_dir = OmegaConf.select(cfg, "paths.output_dir", default=None) if cfg else None
-    job_type = str(OmegaConf.select(cfg, "task_name", default="train")) if cfg else "train"
-    folder = Path(str(output_dir)).name if output_dir else job_type
+    job_type = job.command if job else "train"
+    folder = job.run_dir.name if job else job_type
     name, group = folder, folder
     if HydraConfig.initialized():
         hydra = HydraConfig.get()
         overrides = str(hydra.job.override_dirname or "")
-        explicit = OmegaConf.select(cfg, "run_name", default=None) if cfg else None
         if hydra.mode == RunMode.MULTIRUN:
             name, group = overrides or "default", Path(str(hydra.sweep.dir)).name
         else:
-            name = str(explicit) if explicit else overrides or folder
+            name = job.run_name if job and job.run_name else overrides or folder
     trained = trained_run(Path(trained_from)) if trained_from else {}
     if trained.get("group"):
         group = trained["group"]
@@ -353,35 +352,35 @@ def start_mlflow(node: DictConfig, run: TrackedRun | None, output_dir: str | Non
 
 
 def instantiate_loggers(
-    group: DictConfig | None, cfg: DictConfig | None = None, trained_from: str | None = None
+    group: DictConfig | None, job: TrackedJob | None = None, trained_from: str | None = None
 ) -> list[Any]:
-    """The logger group's loggers, W&B and MLflow runs started for this job; with `cfg`, the run
+    """The logger group's loggers, W&B and MLflow runs started for this job; with `job`, the run
     folder's `tracking.json` names them; `trained_from`: the checkpoint whose run this job links
     to (eval, predict)."""
     if not group:
         return []
     check_group(group, "logger")
-    run = describe_run(cfg, trained_from)
-    output_dir = OmegaConf.select(cfg, "paths.output_dir", default=None) if cfg else None
+    run = describe_run(job, trained_from)
+    output_dir = str(job.run_dir) if job else None
     started: list[Any] = []
     for name, node in group.items():
         target = str(node.get("_target_")) if node is not None else ""
         if target.endswith(".WandbLogger"):
             started.append(start_wandb(node, run))
         elif target.endswith(".MLFlowLogger"):
-            started.append(start_mlflow(node, run, str(output_dir) if output_dir else None))
+            started.append(start_mlflow(node, run, output_dir))
         elif node is not None:
             started.append(build_logger(node, f"logger.{name!s}"))
-    write_tracking(str(output_dir) if output_dir else None, run, started)
+    write_tracking(output_dir, run, started)
     return started
 
 
-def log_run_config(started: list[Any], cfg: DictConfig, trained_from: str | None) -> None:
-    """The command's config, and the training run it links to, to each logger (eval, predict)."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(config, dict)
-    if trained_from:
-        config["trained_run"] = trained_run(Path(trained_from)) | {"checkpoint": trained_from}
+def log_run_config(started: list[Any], config: Any, trained_from: str | None) -> None:
+    """The command's config (resolved, as plain data), and the training run it links to, to each
+    logger (eval, predict)."""
+    if trained_from and isinstance(config, dict):
+        linked = trained_run(Path(trained_from)) | {"checkpoint": trained_from}
+        config = config | {"trained_run": linked}
     for logger in started:
         logger.log_hyperparams(config)
 

@@ -6,7 +6,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ..checkpointing.trained import rebuild
 from ..loggers import (
@@ -38,10 +38,11 @@ def test_checkpoint(cfg: DictConfig, plan: RunPlan) -> dict[str, float]:
     sharded = Path(str(cfg.ckpt_path)).expanduser().is_dir()  # read whole into memory here
     trained = rebuild(cfg.ckpt_path, cfg.trust_checkpoint, cfg.data, cfg.model, sharded)
     model, datamodule, ckpt_path = trained.model, trained.datamodule, trained.path
-    loggers = instantiate_loggers(cfg.get("logger"), cfg, trained_from=str(ckpt_path))
+    loggers = instantiate_loggers(cfg.get("logger"), plan.tracked, trained_from=str(ckpt_path))
     callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
     trainer = build_trainer(cfg.trainer, plan.machine, plan.matmul_precision, callbacks, loggers)
-    log_run_config(loggers, cfg, trained_from=str(ckpt_path))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    log_run_config(loggers, resolved, trained_from=str(ckpt_path))
     log.info("Testing %s", ckpt_path)
     # Lightning asks for the training callbacks, to restore their state; testing needs none of it.
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")

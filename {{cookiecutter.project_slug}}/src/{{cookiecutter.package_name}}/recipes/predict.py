@@ -22,7 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..checkpointing.trained import Trained, rebuild, text_interface, utf8_bytes
@@ -88,11 +88,12 @@ def predict_checkpoint(cfg: DictConfig, plan: RunPlan) -> dict[str, float]:
         names = image_inputs(cfg, trained)
     # A single-device command: Lightning's hint to start it with srun means nothing here.
     warnings.filterwarnings("ignore", message=".*The `srun` command is available")
-    loggers = instantiate_loggers(cfg.get("logger"), cfg, trained_from=str(trained.path))
+    loggers = instantiate_loggers(cfg.get("logger"), plan.tracked, trained_from=str(trained.path))
     trainer = build_trainer(
         cfg.trainer, plan.machine, plan.matmul_precision, callbacks=[], loggers=loggers
     )
-    log_run_config(loggers, cfg, trained_from=str(trained.path))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    log_run_config(loggers, resolved, trained_from=str(trained.path))
     output_dir = Path(cfg.paths.output_dir)
     with exit_143_on_stop_signals(), finished_at_the_end(loggers):
         if interactive:

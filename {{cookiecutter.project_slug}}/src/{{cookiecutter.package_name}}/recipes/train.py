@@ -245,7 +245,7 @@ def start_run(cfg: DictConfig, plan: RunPlan) -> Started:
     output_dir = plan.run_dir
     found = set(output_dir.iterdir()) if output_dir.is_dir() else set()
     progress = ExactResume()
-    loggers = instantiate_loggers(cfg.get("logger"), cfg)
+    loggers = instantiate_loggers(cfg.get("logger"), plan.tracked)
     callbacks = instantiate_callbacks(cfg.get("callbacks"), have_logger=bool(loggers))
     monitored = OmegaConf.select(cfg, "monitor.metric", default=None)
     callbacks += [RunConfigInCheckpoint(run_config(cfg)), progress]

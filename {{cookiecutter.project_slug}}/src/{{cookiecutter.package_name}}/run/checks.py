@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..memory.plan import shards_itself
 from ..targets import allow
 from .machine import check_fp8, resolve_accelerator, resolve_precision
-from .plan import Machine, RunPlan, StartPlan, Strategy, strategy_of
+from .plan import Machine, RunPlan, StartPlan, Strategy, TrackedJob, strategy_of
 from .schedule import check_schedule
 from .settings import check_run_settings
 
@@ -48,10 +48,12 @@ def check_config(cfg: DictConfig) -> RunPlan:
         max_steps=trainer.get("max_steps"),
         continues_shards=strategy.model_parallel,
     )
+    run_name = cfg.get("run_name")
+    tracked = TrackedJob(run_dir, str(cfg.get("task_name") or "train"), run_name and str(run_name))
     return RunPlan(
         machine=machine, strategy=strategy, start=start, run_dir=run_dir, seed=cfg.get("seed"),
         matmul_precision=cfg.get("matmul_precision"), test=bool(cfg.get("test")),
-        model_shards_itself=model_shards_itself,
+        model_shards_itself=model_shards_itself, tracked=tracked,
     )  # fmt: skip
 
 

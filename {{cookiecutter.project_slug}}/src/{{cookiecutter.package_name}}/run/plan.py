@@ -70,6 +70,16 @@ class StartPlan:
 
 
 @dataclass(frozen=True)
+class TrackedJob:
+    """What names a job's tracker runs (W&B, MLflow): its run folder, its command and the
+    `run_name` given to it, if any."""
+
+    run_dir: Path
+    command: str
+    run_name: str | None
+
+
+@dataclass(frozen=True)
 class RunPlan:
     machine: Machine
     strategy: Strategy
@@ -79,3 +89,4 @@ class RunPlan:
     matmul_precision: str | None
     test: bool
     model_shards_itself: bool  # the LightningModule applies FSDP2 in configure_model()
+    tracked: TrackedJob
