@@ -39,7 +39,7 @@ class Monitor:
     mode: str = "min"
 
 
-# The fields of each schema follow its YAML file, in the order in which `--cfg job` prints them.
+# The fields of each schema, in the order in which `--cfg job` prints them.
 
 
 @dataclass
@@ -103,16 +103,19 @@ def over_train(schema: type[Train]) -> Train:
 
 
 @dataclass
-class Tested:
-    """A command that runs a checkpoint with a trainer: the model and data configs are merged over
-    those the checkpoint stores."""
+class Command:
+    """The start of the other commands' configs."""
 
-    callbacks: Any = None
-    logger: Any = None
-    trainer: Any = None
     paths: Paths = field(default_factory=Paths)
     extras: Extras = field(default_factory=Extras)
     task_name: str = MISSING
+
+
+@dataclass
+class FromCheckpoint(Command):
+    """A command that rebuilds a trained model: the model and data configs are merged over those
+    its checkpoint stores."""
+
     run_name: str | None = None
     tags: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -124,8 +127,18 @@ class Tested:
 
 
 @dataclass
-class Evaluate(Tested):
+class Tested(FromCheckpoint):
+    """A command that runs a checkpoint with a trainer."""
+
+    callbacks: Any = None
+    logger: Any = None
+    trainer: Any = None
     matmul_precision: str | None = "high"
+
+
+@dataclass
+class Evaluate(Tested):
+    """Eval: the test split's metrics of a checkpoint."""
 
 
 @dataclass
@@ -140,31 +153,13 @@ class Predict(Tested):
     kv_cache: bool = True
     stream: bool = True
     chat: bool = False
-    matmul_precision: str | None = "high"
 
 
 @dataclass
-class Command:
-    """The start of the other commands' configs."""
-
-    paths: Paths = field(default_factory=Paths)
-    extras: Extras = field(default_factory=Extras)
-    task_name: str = MISSING
-
-
-@dataclass
-class Export(Command):
-    run_name: str | None = None
-    tags: list[str] = field(default_factory=list)
-    seed: int | None = None
-    ckpt_path: str | None = MISSING
+class Export(FromCheckpoint):
     format: str = "pt2"
     output: str | None = None
     tolerance: float = 1.0e-4
-    trust_checkpoint: Any = False  # true only as a YAML boolean: run/settings.py SWITCHES
-    allowed_targets: list[str] = field(default_factory=list)
-    data: Any = field(default_factory=dict)
-    model: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -176,17 +171,9 @@ class ServeLimits:
 
 
 @dataclass
-class Serve(Command):
-    """A server of a checkpoint: the model and data configs are merged over those it stores."""
+class Serve(FromCheckpoint):
+    """A server of a checkpoint."""
 
-    run_name: str | None = None
-    tags: list[str] = field(default_factory=list)
-    seed: int | None = None
-    ckpt_path: str | None = MISSING
-    trust_checkpoint: Any = False  # true only as a YAML boolean: run/settings.py SWITCHES
-    allowed_targets: list[str] = field(default_factory=list)
-    data: Any = field(default_factory=dict)
-    model: Any = field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
