@@ -21,6 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..models.lora import is_adapter
 from ..models.nets.gpt import GPT
+from .differences import shape_differences
 from .door import (
     HF_CONFIG,
     HF_PICKLED,
@@ -221,21 +222,11 @@ def converted(
         if not value.is_floating_point():
             raise ConfigError(f"{where} holds {name} as {value.dtype}, not as weights.")
         weights[target] = value.t() if transposed else value
-    missing = sorted(set(expected) - set(weights))
-    unknown += sorted(set(weights) - set(expected))
-    resized = sorted(
-        name
-        for name in set(expected) & set(weights)
-        if tuple(weights[name].shape) != expected[name]
-    )
-    problems = [
-        f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-        for label, names in (("missing", missing), ("unknown", unknown), ("other shape", resized))
-        if names
-    ]
-    if problems:
+    stored = {name: tuple(value.shape) for name, value in weights.items()}
+    details = shape_differences(expected, stored | {name: () for name in unknown})
+    if details:
         raise ConfigError(
-            f"{where} does not hold the GPT-2 its {HF_CONFIG} describes ({'; '.join(problems)}): "
+            f"{where} does not hold the GPT-2 its {HF_CONFIG} describes ({details}): "
             "download both files again, from the same model."
         )
     head = tensors.get(TIED_HEAD)

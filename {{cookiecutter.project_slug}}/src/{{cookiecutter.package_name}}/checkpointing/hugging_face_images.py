@@ -22,6 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.nets.backbones import IMAGENET_MEAN, IMAGENET_STD, HuggingFaceBackbone
+from .differences import listed_differences
 from .door import HF_CONFIG, HF_PICKLED, HF_WEIGHTS, first_line, read_json_fields, read_safetensors
 
 KEY = "model.backbone.path"
@@ -231,18 +232,14 @@ def load(
             f"{where} does not hold the model its {HF_CONFIG} describes ({first_line(error)}): "
             "download both files again, from the same model."
         ) from error
-    problems = [
-        f"{label}: {', '.join(sorted(str(n) for n in names)[:3])}{' ...' if len(names) > 3 else ''}"
-        for label, names in (
-            ("missing", info.get("missing_keys") or ()),
-            ("unknown", info.get("unexpected_keys") or ()),
-            ("other shape", info.get("mismatched_keys") or ()),
-        )
-        if names
-    ]
-    if problems:
+    details = listed_differences(
+        [str(name) for name in info.get("missing_keys") or ()],
+        [str(name) for name in info.get("unexpected_keys") or ()],
+        [str(name) for name in info.get("mismatched_keys") or ()],
+    )
+    if details:
         raise ConfigError(
-            f"{where} does not hold the model its {HF_CONFIG} describes ({'; '.join(problems)}): "
+            f"{where} does not hold the model its {HF_CONFIG} describes ({details}): "
             "download both files again, from the same model."
         )
     return model

@@ -17,6 +17,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from ..errors import ConfigError
 from ..memory.plan import shards_itself
 from ..run.machine import is_global_zero
+from .differences import shape_differences
 from .door import (
     UNREADABLE,
     first_line,
@@ -163,19 +164,8 @@ def check_same_model(
         for name, value in checkpoint.get("state_dict", {}).items()
         if isinstance(value, torch.Tensor)
     }
-    missing = sorted(name for name in set(expected) - set(stored) if not optional(name))
-    unexpected = sorted(set(stored) - set(expected))
-    resized = sorted(n for n in set(expected) & set(stored) if expected[n] != stored[n])
-    if missing or unexpected or resized:
-        details = "; ".join(
-            f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-            for label, names in (
-                ("missing", missing),
-                ("unexpected", unexpected),
-                ("other shape", resized),
-            )
-            if names
-        )
+    details = shape_differences(expected, stored, optional)
+    if details:
         raise ConfigError(
             f"{key}={path} holds weights of another model ({details}). Pass a checkpoint of "
             "this model, or choose the model it was trained with (e.g. experiment=...)."

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.nets.backbones import IMAGENET_MEAN, IMAGENET_STD, TimmBackbone
+from .differences import shape_differences
 from .door import first_line, read_safetensors
 from .hugging_face_images import check_normalization
 
@@ -53,18 +54,12 @@ def local_weights(
         for name, value in tensors.items()
         if name in expected or not any(name.startswith(f"{head}.") for head in heads)
     }
-    missing = sorted(set(expected) - set(kept))
-    unknown = sorted(set(kept) - set(expected))
-    resized = sorted(n for n in set(expected) & set(kept) if kept[n].shape != expected[n].shape)
-    problems = [
-        f"{label}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-        for label, names in (("missing", missing), ("unknown", unknown), ("other shape", resized))
-        if names
-    ]
-    if problems:
+    stored = {name: tuple(value.shape) for name, value in kept.items()}
+    details = shape_differences({n: tuple(v.shape) for n, v in expected.items()}, stored)
+    if details:
         raise ConfigError(
             f"{KEY}.weights={file} does not hold the weights of this timm model "
-            f"({'; '.join(problems)}): save them from the same model name."
+            f"({details}): save them from the same model name."
         )
     return kept
 
