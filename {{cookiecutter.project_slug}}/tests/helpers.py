@@ -53,6 +53,51 @@ def assert_checkpoints_load_safely(cfg: DictConfig) -> None:
         assert set(checkpoint["run_config"]) == {"data", "model"}
 
 
+# Commands run one after another in one interpreter, each as its console script would run: its
+# own sys.argv and Hydra, its exit code and what it wrote to stderr (the file descriptor: logging
+# and warnings too). A command's start (torch, Lightning) is paid once.
+COMMANDS_IN_ONE_PROCESS = """
+import json, os, sys, tempfile
+from hydra.core.global_hydra import GlobalHydra
+from {package} import cli
+commands, output, results = json.loads(sys.argv[1]), sys.argv[2], []
+for entry, *args in commands:
+    GlobalHydra.instance().clear()
+    sys.argv = [entry, *args]
+    with tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        stderr = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            getattr(cli, entry)()
+            code = 0
+        except SystemExit as ended:
+            code = ended.code if isinstance(ended.code, int) else int(ended.code is not None)
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr, 2)
+            os.close(stderr)
+        captured.seek(0)
+        results.append([code, captured.read().decode(errors="replace")])
+with open(output, "w") as written:
+    json.dump(results, written)
+"""
+
+
+def run_commands(
+    commands: list[tuple[str, ...]], cwd: Path, results: Path
+) -> list[subprocess.CompletedProcess[str]]:
+    """Each `(entry, *args)` (an entry is a function of `cli`: train, evaluate, predict, export,
+    ...) as its console script would run it, all in one process; `results` is a file to write."""
+    script = COMMANDS_IN_ONE_PROCESS.format(package=PACKAGE)
+    ran = run_cli("-c", script, json.dumps(commands), str(results), cwd=cwd)
+    assert ran.returncode == 0 and results.is_file(), ran.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess(list(command), code, "", stderr)
+        for command, (code, stderr) in zip(commands, json.loads(results.read_text()), strict=True)
+    ]
+
+
 def run_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:

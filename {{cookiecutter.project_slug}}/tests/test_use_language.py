@@ -28,7 +28,7 @@ from {{ cookiecutter.package_name }}.run.names import (
     verbatim,
 )
 
-from .helpers import PACKAGE, run_cli
+from .helpers import PACKAGE, run_cli, run_commands
 from .killing import (
     COMMON,
     References,
@@ -388,8 +388,9 @@ def test_bad_inputs_get_one_line_and_leave_nothing(
         ("predict", f"ckpt_path={ckpt}", "chat=true"): ("not trained on instructions",),
         ("export", f"ckpt_path={ckpt}", "format=tflite"): ("format=tflite", "pt2"),
     }
-    for args, words in cases.items():
-        one_error_line(command(*args, cwd=tmp_path), *words)
+    ran = run_commands(list(cases), tmp_path, tmp_path.parent / f"{tmp_path.name}-results.json")
+    for result, words in zip(ran, cases.values(), strict=True):
+        one_error_line(result, *words)
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.json*"))
     # init_from a checkpoint of another shape: the mismatched weights are named.
     result = run_cli("-m", PACKAGE, *FINE_TUNE, "model.net.n_layer=2", f"init_from={base}",

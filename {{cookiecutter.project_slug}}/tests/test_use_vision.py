@@ -37,7 +37,7 @@ from {{ cookiecutter.package_name }}.recipes import (
     export as export_module,
 )
 
-from .helpers import PACKAGE, compose_config, run_cli
+from .helpers import PACKAGE, compose_config, run_cli, run_commands
 from .killing import entry_point as entry
 
 
@@ -223,8 +223,9 @@ def test_bad_inputs_get_one_line_and_leave_nothing(trained: Path, tmp_path: Path
         ("export", "format=pt2", "tolerance=-1"): ("tolerance=-1",),
         ("export", "format=pt2", "tolerance=nan"): ("tolerance=nan",),
     }
-    for (name, *args), words in cases.items():
-        result = command(name, f"ckpt_path={trained}", *args, cwd=tmp_path)
+    commands = [(name, f"ckpt_path={trained}", *args) for name, *args in cases]
+    ran = run_commands(commands, tmp_path, tmp_path.parent / f"{tmp_path.name}-results.json")
+    for result, words in zip(ran, cases.values(), strict=True):
         assert result.returncode == 1, result.stderr[-3000:]
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
