@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.checkpointing import (
+    saving,
+)
 from {{ cookiecutter.package_name }}.checkpointing.saving import (
     NonFiniteWeightsError,
     atomic_torch_save,
     newest_valid_checkpoint,
 )
-from {{ cookiecutter.package_name }}.command_errors import one_line
+from {{ cookiecutter.package_name }}.errors import TrainingError
 from {{ cookiecutter.package_name }}.recipes.train import train
 from {{ cookiecutter.package_name }}.run.names import run_name
 
@@ -207,7 +210,7 @@ def test_random_states_survive_a_checkpoint_and_load_lazily(tmp_path: Path) -> N
 
 def test_a_checkpoint_save_on_a_full_disk_names_the_file(tmp_path: Path) -> None:
     """torch reports a write that ran out of space as a RuntimeError ("unexpected pos"); the save
-    raises the OSError behind it, which the commands report as one line naming the file."""
+    finds the OSError behind it and reports it as one line naming the checkpoint."""
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)],
@@ -216,16 +219,54 @@ def test_a_checkpoint_save_on_a_full_disk_names_the_file(tmp_path: Path) -> None
         pytest.skip("needs root to mount a small filesystem")
     try:
         path = tiny / "checkpoints" / "last.ckpt"
-        with pytest.raises(OSError) as raised:
+        with pytest.raises(TrainingError) as raised:
             atomic_torch_save({"weights": torch.zeros(64 * 1024)}, path)
-        assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
-        assert one_line(raised.value) == (
-            f"cannot write {path} (No space left on device): free space there, or write "
-            "elsewhere with paths.log_dir=<folder>."
+        cause = raised.value.__cause__
+        assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+        assert str(raised.value) == (
+            f"cannot write the checkpoint {path} (No space left on device): free space there, or "
+            "write elsewhere with paths.log_dir=<folder>. The checkpoints written before it are "
+            "kept."
         )
         assert list(path.parent.iterdir()) == [], "no partial or temporary file is left"
     finally:
         subprocess.run(["umount", str(tiny)], check=True)
+
+
+SAVE_ERRORS = {
+    errno.EFBIG: "the file system takes no file this large",
+    errno.EIO: "check the disk",
+    errno.ENAMETOOLONG: "give a shorter run_name",
+    errno.EMFILE: "ulimit -n",
+    errno.EACCES: "make the folder writable",
+    errno.EROFS: "read-only",
+}
+
+
+@pytest.mark.parametrize("code", list(SAVE_ERRORS), ids=errno.errorcode.get)
+@pytest.mark.parametrize("stage", ["writing", "renaming"])
+def test_every_error_a_save_meets_is_one_line_naming_the_checkpoint(
+    code: int, stage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not its temporary file; the checkpoint written before stays, and nothing else is left."""
+    path = tmp_path / "last.ckpt"
+    atomic_torch_save({"global_step": 1}, path)
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    if stage == "writing":
+        monkeypatch.setattr(saving.torch, "save", failing)
+    else:
+        monkeypatch.setattr(Path, "replace", failing)
+    with pytest.raises(TrainingError) as raised:
+        atomic_torch_save({"global_step": 2}, path)
+    monkeypatch.undo()
+    line = str(raised.value)
+    assert line.startswith(f"cannot write the checkpoint {path} ({os.strerror(code)}): "), line
+    assert SAVE_ERRORS[code] in line and ".tmp" not in line and "\n" not in line, line
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
 def test_checkpoint_writes_are_atomic_and_keep_the_previous_one(tmp_path: Path) -> None:
