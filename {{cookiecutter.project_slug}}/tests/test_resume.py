@@ -224,9 +224,8 @@ def test_a_checkpoint_save_on_a_full_disk_names_the_file(tmp_path: Path) -> None
         cause = raised.value.__cause__
         assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC
         assert str(raised.value) == (
-            f"cannot write the checkpoint {path} (No space left on device): free space there, or "
-            "write elsewhere with paths.log_dir=<folder>. The checkpoints written before it are "
-            "kept."
+            f"cannot write {path} (No space left on device): free space there, or write "
+            "elsewhere with paths.log_dir=<folder>. The checkpoints written before it are kept."
         )
         assert list(path.parent.iterdir()) == [], "no partial or temporary file is left"
     finally:
@@ -235,10 +234,10 @@ def test_a_checkpoint_save_on_a_full_disk_names_the_file(tmp_path: Path) -> None
 
 SAVE_ERRORS = {
     errno.EFBIG: "the file system takes no file this large",
-    errno.EIO: "check the disk",
+    errno.EIO: "check it (dmesg)",
     errno.ENAMETOOLONG: "give a shorter run_name",
     errno.EMFILE: "ulimit -n",
-    errno.EACCES: "make the folder writable",
+    errno.EACCES: "make it writable",
     errno.EROFS: "read-only",
 }
 
@@ -263,7 +262,7 @@ def test_every_error_a_save_meets_is_one_line_naming_the_checkpoint(
         atomic_torch_save({"global_step": 2}, path)
     monkeypatch.undo()
     line = str(raised.value)
-    assert line.startswith(f"cannot write the checkpoint {path} ({os.strerror(code)}): "), line
+    assert line.startswith(f"cannot write {path} ({os.strerror(code)}): "), line
     assert SAVE_ERRORS[code] in line and ".tmp" not in line and "\n" not in line, line
     assert torch.load(path, weights_only=True)["global_step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]

@@ -47,22 +47,29 @@ def without_worker_trace(message: str) -> str:
     return last.split(": ", 1)[1] if ": " in last else last
 
 
+ELSEWHERE = "write elsewhere with paths.log_dir=<folder>"
+# What to do about a file or folder that cannot be written, by the error's number.
+WRITE_ADVICE = {
+    errno.ENOSPC: f"free space there, or {ELSEWHERE}",
+    errno.EDQUOT: f"free space within your quota, or {ELSEWHERE}",
+    errno.ENOTDIR: f"a file stands where a folder must: move it, or {ELSEWHERE}",
+    errno.EEXIST: f"a file stands where a folder must: move it, or {ELSEWHERE}",
+    errno.ELOOP: f"a symbolic link on the way leads back to itself: remove the loop, or {ELSEWHERE}",
+    errno.ENAMETOOLONG: "a name in it is longer than the file system allows: give a shorter "
+    "run_name=... or paths.log_dir=<folder>",
+    errno.EFBIG: f"the file system takes no file this large (FAT32: 4 GiB): {ELSEWHERE}",
+    errno.EIO: f"the disk failed: check it (dmesg), or {ELSEWHERE}",
+    errno.EMFILE: "this process has too many files open: raise the limit (ulimit -n) and run the "
+    "same command again",
+    errno.ENFILE: "the system has too many files open: close some and run the same command again",
+    errno.EROFS: f"the file system is read-only: {ELSEWHERE}",
+}
+
+
 def not_writable(error: OSError) -> str:
     where = f" {error.filename}" if error.filename else ""
     reason = error.strerror or os.strerror(error.errno or 0)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        todo = "free space there, or write elsewhere with paths.log_dir=<folder>"
-    elif error.errno in (errno.ENOTDIR, errno.EEXIST):
-        todo = "a file stands where a folder must: move it, or write elsewhere with paths.log_dir="
-        todo += "<folder>"
-    elif error.errno == errno.ELOOP:
-        todo = "a symbolic link on the way leads back to itself: remove the loop, or write "
-        todo += "elsewhere with paths.log_dir=<folder>"
-    elif error.errno == errno.ENAMETOOLONG:
-        todo = "a name in it is longer than the file system allows: give a shorter run_name=... "
-        todo += "or paths.log_dir=<folder>"
-    else:
-        todo = "make it writable, or write elsewhere with paths.log_dir=<folder>"
+    todo = WRITE_ADVICE.get(error.errno or 0, f"make it writable, or {ELSEWHERE}")
     return f"cannot write{where} ({reason}): {todo}."
 
 

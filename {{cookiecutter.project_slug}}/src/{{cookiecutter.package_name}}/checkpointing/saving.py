@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ..command_errors import not_writable
 from ..errors import ConfigError, TrainingError
 from ..memory.plan import shards_itself
 from ..run.machine import is_global_zero
@@ -47,34 +48,11 @@ def failed_write(path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
 
 
-# What to do when writing a checkpoint fails, by the error's number; any other error is named
-# with its reason and the same advice as a failing disk.
-WHERE_ELSE = "or write elsewhere with paths.log_dir=<folder>"
-SAVE_ADVICE = {
-    errno.ENOSPC: f"free space there, {WHERE_ELSE}",
-    errno.EDQUOT: f"free space within your quota, {WHERE_ELSE}",
-    errno.EFBIG: f"the file system takes no file this large (FAT32: 4 GiB): {WHERE_ELSE[3:]}",
-    errno.ENAMETOOLONG: "a name in it is longer than the file system allows: give a shorter "
-    "run_name=... or paths.log_dir=<folder>",
-    errno.EMFILE: "this process has too many files open: raise the limit (ulimit -n) and run the "
-    "same command again",
-    errno.ENFILE: "the system has too many files open: close some and run the same command again",
-    errno.EACCES: f"make the folder writable, {WHERE_ELSE}",
-    errno.EPERM: f"make the folder writable, {WHERE_ELSE}",
-    errno.EROFS: f"the file system is read-only: {WHERE_ELSE[3:]}",
-}
-
-
 def save_failed(path: Path, error: OSError) -> TrainingError:
     """One line for a checkpoint that could not be written, naming it (not its temporary file)."""
-    reason = error.strerror or os.strerror(error.errno or errno.EIO)
-    advice = SAVE_ADVICE.get(
-        error.errno or 0, f"check the disk (dmesg), {WHERE_ELSE}, and run the same command again"
-    )
-    return TrainingError(
-        f"cannot write the checkpoint {path} ({reason}): {advice}. The checkpoints written before "
-        "it are kept."
-    )
+    code = error.errno or errno.EIO
+    named = OSError(code, error.strerror or os.strerror(code), str(path))
+    return TrainingError(f"{not_writable(named)} The checkpoints written before it are kept.")
 
 
 def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
