@@ -334,7 +334,7 @@ def damaged(pretrained: Pretrained, folder: Path, change: str) -> Path:
     if change == "activation":
         config["activation_function"] = "relu"
     elif change == "model type":
-        config["model_type"] = "llama"
+        config["model_type"] = "gemma"
     elif change == "a size given as text":
         config["n_layer"] = "2"
     elif change == "a missing tensor":
@@ -361,7 +361,7 @@ def damaged(pretrained: Pretrained, folder: Path, change: str) -> Path:
     ("change", "words"),
     [
         ("activation", ["activation_function=relu", "does not compute"]),
-        ("model type", ["'llama'", "only GPT-2"]),
+        ("model type", ["'gemma'", "llama, qwen2, qwen3, mistral (and gpt2)"]),
         ("a size given as text", ['n_layer="2"', "a whole number"]),
         ("not JSON", ["config.json is not JSON"]),
         ("no config", ["no config.json"]),

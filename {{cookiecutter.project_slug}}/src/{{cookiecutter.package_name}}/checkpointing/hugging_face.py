@@ -29,6 +29,7 @@ from .door import (
     read_json_fields,
     read_safetensors,
 )
+from .hugging_face_decoders import load_llama_family
 
 DOWNLOAD = "hf download openai-community/gpt2 config.json model.safetensors tokenizer.json"
 
@@ -253,8 +254,14 @@ def network(model: torch.nn.Module, folder: Path, key: str) -> GPT:
 
 
 def load_hugging_face(model: torch.nn.Module, folder: Path, key: str = "init_from") -> None:
-    """The GPT of `model` (a language model, or a GPT itself) gets the checkpoint's weights; one
-    error line, before any weight changes, where the folder does not fit it."""
+    """The GPT of `model` (a language model, or a GPT itself) gets the checkpoint's weights, or,
+    for a Llama-family checkpoint, its Llama does; one error line, before any weight changes,
+    where the folder does not fit it."""
+    if (folder / HF_CONFIG).is_file():
+        kind = read_json_fields(folder / HF_CONFIG, {"model_type": "a string"}, (), key)
+        if kind.get("model_type", "gpt2") != "gpt2":  # the Llama family, or one error naming it
+            load_llama_family(model, folder, key)
+            return
     config_path, weights_path = checked_files(folder, key)
     config = read_config(config_path, key)
     net = network(model, folder, key)

@@ -11,9 +11,10 @@ Weights, gradients and optimizer state are divided among the devices under FSDP
 
 Activations are counted for decoder-only transformers like the language example's (a network with
 `n_layer`, `n_embd`, `n_head` and `block_size`) from what its layers save, per token:
-each block keeps its two LayerNorm inputs in float32 (the residual stream) and 14 x n_embd values
-in the compute dtype (attention and MLP inputs, q/k/v, the attention output, the MLP's hidden
-layer); the loss keeps a float32 log-softmax over the vocabulary. With activation checkpointing a
+each block keeps its two norms' inputs in float32 (the residual stream) and, in the compute
+dtype, the attention's and MLP's inputs, q/k/v, the attention output and the MLP's hidden layers
+(14 x n_embd values where the MLP is a GELU four times as wide; a gated MLP, SwiGLU, keeps four
+hidden tensors, and grouped-query attention fewer keys and values); the loss keeps a float32 log-softmax over the vocabulary. With activation checkpointing a
 block keeps only its input, and one block's activations exist again during its backward pass.
 Other networks get no activation figure. CUDA's own workspace and the allocator's fragmentation
 come on top: leave a margin of about 10 %.
@@ -96,10 +97,18 @@ def transformer_activation_bytes(net: Any, batch: int, precision: str) -> int:
     """What one training step's forward pass saves, for `batch` windows of `block_size` tokens."""
     tokens = batch * net.block_size
     d, heads, layers = net.n_embd, net.n_head, net.n_layer
+    queries = heads * getattr(net, "head_dim", d // heads)
+    keys = getattr(net, "n_kv_head", heads) * getattr(net, "head_dim", d // heads)
+    width = getattr(net, "mlp_width", 4 * d)
     vocab = net.lm_head.out_features
     a = compute_bytes(precision)
     residual = 4 if a != 2 or precision.endswith("mixed") else 2
-    block = 14 * d * a + 2 * d * residual + (4 + heads) * 4
+    # Attention: its input, q, k, v, its output and the output projection's input; the MLP: its
+    # input and hidden layer(s), two for GELU's input and output, four for SwiGLU's gate, up,
+    # SiLU(gate) and their product.
+    attention = d + 2 * queries + 2 * keys
+    mlp = d + (4 if getattr(net, "gated_mlp", False) else 2) * width
+    block = (attention + mlp) * a + 2 * d * residual + (4 + heads) * 4
     if getattr(net, "activation_checkpointing", False):
         blocks = layers * d * residual + block  # each block's input, and one block recomputed
     else:

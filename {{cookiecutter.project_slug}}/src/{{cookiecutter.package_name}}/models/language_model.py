@@ -22,7 +22,7 @@ from torchmetrics import MeanMetric
 from .fp8 import convert_from_fp8, convert_to_fp8
 from .lora import add_adapters, is_adapter
 from .losses import IGNORED
-from .nets.gpt import GPT
+from .nets.decoding import Decoder
 from .optim import OptimizerFactory, SchedulerFactory, clip_gradients, configure_optimizers
 from .step_logging import is_logging_step
 
@@ -32,7 +32,7 @@ LN2 = math.log(2)
 class LanguageModel(L.LightningModule):
     def __init__(
         self,
-        net: GPT,
+        net: Decoder,
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory | None = None,
         compile: bool = False,
@@ -50,7 +50,7 @@ class LanguageModel(L.LightningModule):
         # Where the frozen weights of a fine-tuning run come from ({"path", "sha256"}), set by
         # the train recipe for `init_from`: its checkpoints then hold only what trains.
         self.base_weights: dict[str, str] | None = None
-        # How predict_step samples (GPT.generate's arguments), set by the predict recipe.
+        # How predict_step samples (Decoder.generate's arguments), set by the predict recipe.
         self.generation: dict[str, Any] = {"max_new_tokens": 100}
         self.fp8_converted = False
         self.optimizer = optimizer

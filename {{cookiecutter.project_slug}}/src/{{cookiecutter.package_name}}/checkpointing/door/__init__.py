@@ -16,7 +16,8 @@ unpickler that can import or call anything.
   global one fails to read), and refuses transforms it did not write.
 - `hugging_face_folder`: a Hugging Face model folder is read as JSON (`config.json`, checked
   against the fields its reader expects) and safetensors (`model.safetensors`: a JSON header,
-  then raw tensor bytes); neither format can name code, and its pickled weights
+  then raw tensor bytes; a large model's shards, each a plain file of the folder named by
+  `model.safetensors.index.json`); neither format can name code, and its pickled weights
   (`pytorch_model.bin`) are never read.
 - `checkpoint`: a checkpoint a command is given, whichever of these forms it has.
 """
@@ -24,6 +25,7 @@ unpickler that can import or call anything.
 from .checkpoint import check_weights, load_checkpoint, read_checkpoint, read_fit_state
 from .hugging_face_folder import (
     HF_CONFIG,
+    HF_INDEX,
     HF_PICKLED,
     HF_TOKENIZER,
     HF_WEIGHTS,
@@ -33,6 +35,8 @@ from .hugging_face_folder import (
     is_hugging_face,
     read_json_fields,
     read_safetensors,
+    read_safetensors_folder,
+    shard_names,
 )
 from .shard_metadata import (
     META,
@@ -66,6 +70,7 @@ from .single_file import (
 
 __all__ = [
     "HF_CONFIG",
+    "HF_INDEX",
     "HF_PICKLED",
     "HF_TOKENIZER",
     "HF_WEIGHTS",
@@ -98,8 +103,10 @@ __all__ = [
     "read_json_fields",
     "read_meta",
     "read_safetensors",
+    "read_safetensors_folder",
     "read_shard_metadata",
     "read_shards_whole",
     "refused_as_python_objects",
+    "shard_names",
     "shard_reader",
 ]

@@ -5,6 +5,7 @@ then raw tensor bytes); neither format can name code, and the pickled weights
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from .single_file import first_line, non_finite_tensors
 HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 HF_PICKLED = "pytorch_model.bin"
+HF_INDEX = "model.safetensors.index.json"  # which shard file holds each tensor of a large model
 HF_TOKENIZER = "tokenizer.json"  # JSON that the data modules read with the tokenizers library
 JSON_LIMIT = 1 << 20  # a model's config.json is a few kilobytes
 
@@ -29,6 +31,8 @@ JSON_KINDS: dict[str, Any] = {
     "a whole number or null": lambda value: value is None or type(value) is int,
     "a number": lambda value: type(value) in (int, float),
     "true or false": lambda value: type(value) is bool,
+    "an object": lambda value: type(value) is dict,
+    "an object or null": lambda value: value is None or type(value) is dict,
 }
 
 
@@ -37,15 +41,66 @@ def is_hugging_face(path: Path) -> bool:
     return (
         path.is_dir()
         and not is_sharded(path)
-        and any((path / name).is_file() for name in (HF_CONFIG, HF_WEIGHTS, HF_PICKLED))
+        and any((path / name).is_file() for name in (HF_CONFIG, HF_WEIGHTS, HF_INDEX, HF_PICKLED))
     )
 
 
 def hugging_face_files(folder: Path) -> list[Path]:
     """The files of a Hugging Face folder that make its model and its tokens (what a fingerprint
     of the folder covers; not the download's bookkeeping in `.cache`)."""
-    names = (HF_CONFIG, HF_WEIGHTS, HF_TOKENIZER)
+    names = [HF_CONFIG, HF_WEIGHTS, HF_INDEX, HF_TOKENIZER]
+    if (folder / HF_INDEX).is_file() and not (folder / HF_WEIGHTS).is_file():
+        # A damaged index is the reader's to report; the fingerprint is then the index's.
+        with contextlib.suppress(ConfigError):
+            names += sorted(set(shard_names(folder, "init_from").values()))
     return [folder / name for name in names if (folder / name).is_file()]
+
+
+def shard_names(folder: Path, key: str) -> dict[str, str]:
+    """The index of a model saved in several safetensors files: each tensor's name and the file
+    of the folder that holds it (a plain file name, never a path out of the folder)."""
+    where = f"{key}={folder}: its {HF_INDEX}"
+    index = read_json_fields(folder / HF_INDEX, {"weight_map": "an object"}, ["weight_map"], key)
+    files: dict[str, str] = {}
+    for name, file in index["weight_map"].items():
+        if (
+            type(file) is not str
+            or Path(file).name != file
+            or file in (".", "..")
+            or not file.endswith(".safetensors")
+        ):
+            raise ConfigError(
+                f"{where} names {json.dumps(file)[:80]} for {name[:80]}, not a .safetensors file "
+                "of the folder: download the model again."
+            )
+        files[name] = file
+    return files
+
+
+def read_safetensors_folder(folder: Path, key: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face folder's weights: `model.safetensors`, or the files its
+    `model.safetensors.index.json` names, each holding exactly the tensors the index gives it."""
+    if (folder / HF_WEIGHTS).is_file() or not (folder / HF_INDEX).is_file():
+        return read_safetensors(folder / HF_WEIGHTS, key)
+    wanted = shard_names(folder, key)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(set(wanted.values())):
+        if not (folder / file).is_file():
+            raise ConfigError(
+                f"{key}={folder}: its {HF_INDEX} names {file}, which the folder does not hold: "
+                "download every file of the model."
+            )
+        held = read_safetensors(folder / file, key)
+        expected = {name for name, own in wanted.items() if own == file}
+        if set(held) != expected:
+            stray = sorted(set(held) ^ expected)
+            raise ConfigError(
+                f"{key}={folder}: its {file} does not hold the tensors its {HF_INDEX} gives it "
+                f"({', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}): download the model "
+                "again."
+            )
+        tensors.update(held)
+    return tensors
 
 
 def read_json_fields(

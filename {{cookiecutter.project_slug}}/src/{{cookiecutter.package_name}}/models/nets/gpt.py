@@ -7,7 +7,6 @@ memory-efficient attention kernels on GPUs that have them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -15,56 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..losses import next_token_loss
-
-
-class KVCache:
-    """The keys and values of every position seen so far, for each block: with it, generating a
-    token runs the network on that one position instead of the whole context. Each block's buffers
-    take the dtype its keys come in (bf16 under autocast)."""
-
-    def __init__(self, n_layer: int, block_size: int) -> None:
-        self.keys: list[torch.Tensor | None] = [None] * n_layer
-        self.values: list[torch.Tensor | None] = [None] * n_layer
-        self.block_size = block_size
-        self.length = 0
-
-    def extend(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new positions' keys and values; return those of every position so far."""
-        keys, values = self.keys[layer], self.values[layer]
-        if keys is None or values is None:
-            shape = (k.size(0), k.size(1), self.block_size, k.size(3))
-            keys = self.keys[layer] = k.new_zeros(shape)
-            values = self.values[layer] = v.new_zeros(shape)
-        end = self.length + k.size(2)
-        keys[:, :, self.length : end] = k
-        values[:, :, self.length : end] = v
-        return keys[:, :, :end], values[:, :, :end]
-
-
-def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)`, except for one row on the CPU without gradients (generating one token for one
-    sequence): MKL's matrix-vector kernels read a weight stored (in, out) faster than Linear's
-    (out, in), so that step uses a transposed copy kept beside the weight (about 20% more tokens/s
-    at GPT-2-small size, for once the weights' memory more)."""
-    if (
-        type(layer) is not nn.Linear
-        or torch.compiler.is_compiling()
-        or x.device.type != "cpu"
-        or torch.is_grad_enabled()
-        or x.numel() != x.size(-1)
-    ):
-        return layer(x)
-    weight = layer.weight
-    key = (weight.data_ptr(), weight._version, weight.dtype)
-    kept = getattr(layer, "_decode_weight", None)
-    if kept is None or kept[0] != key:
-        kept = (key, weight.detach().t().contiguous())
-        layer._decode_weight = kept  # type: ignore[assignment]
-    row = x.reshape(1, -1)
-    y = row @ kept[1] if layer.bias is None else torch.addmm(layer.bias, row, kept[1])
-    return y.view(*x.shape[:-1], -1)
+from .decoding import Decoder, KVCache, attend, positions, project
 
 
 class CausalSelfAttention(nn.Module):
@@ -90,19 +40,9 @@ class CausalSelfAttention(nn.Module):
         shape = (batch, seq, self.n_head, channels // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         past = cache.length if cache is not None else 0
-        mask = attn_mask
-        if mask is None and past > 0 and seq > 1:
-            # New positions see every cached one and, among themselves, those before them.
-            mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device)
-            mask = mask.tril(diagonal=past)
         if cache is not None:
             k, v = cache.extend(layer, k, v)
-        # One new position after the cache sees every position: no mask, so SDPA keeps its
-        # fastest kernel for the step that generation repeats.
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=mask is None and past == 0,
-        )  # fmt: skip
+        y = attend(q, k, v, past, attn_mask, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(batch, seq, channels)
         return self.resid_dropout(project(self.proj, y))
 
@@ -137,7 +77,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module):
+class GPT(Decoder):
     def __init__(
         self,
         vocab_size: int = 256,
@@ -209,20 +149,7 @@ class GPT(nn.Module):
         cached + seq), True at real tokens: each row's positions count its own tokens and no
         position attends to padding, so a row gets the logits it gets alone."""
         seq = idx.size(1)
-        start = cache.length if cache is not None else 0
-        if start + seq > self.block_size:
-            raise ValueError(f"sequence length {start + seq} exceeds block_size {self.block_size}")
-        attn_mask = None
-        if padding_mask is None:
-            pos = torch.arange(start, start + seq, device=idx.device)
-        else:
-            if padding_mask.shape != (idx.size(0), start + seq):
-                raise ValueError(
-                    f"padding_mask has shape {tuple(padding_mask.shape)}; it needs one column "
-                    f"for each cached and new position: {(idx.size(0), start + seq)}"
-                )
-            pos = (padding_mask.long().cumsum(dim=1) - 1).clamp(min=0)[:, start:]
-            attn_mask = attention_to_real_tokens(padding_mask.bool(), seq)
+        pos, attn_mask = positions(idx, cache, padding_mask, self.block_size)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for layer, block in enumerate(self.blocks):
             if self.activation_checkpointing and self.training:
@@ -235,99 +162,3 @@ class GPT(nn.Module):
         if targets is not None:
             return next_token_loss(self.ln_f(x), self.lm_head, targets, self.loss_chunk_size)
         return project(self.lm_head, self.ln_f(x))
-
-    def new_cache(self) -> KVCache:
-        return KVCache(self.n_layer, self.block_size)
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int | Sequence[int],
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        kv_cache: bool = True,
-        generator: torch.Generator | None = None,
-        on_token: Callable[[torch.Tensor], None] | None = None,
-        padding_mask: torch.Tensor | None = None,
-        stop_token: int | None = None,
-    ) -> torch.Tensor:
-        """Sample `max_new_tokens` continuations of `idx` (batch, seq); temperature 0 takes the
-        most likely token. The context is the last `block_size` tokens: with the cache, a full
-        cache is refilled from that window, so both ways give the same logits.
-
-        Prompts of different lengths come left-padded, with `padding_mask` (batch, seq) True at
-        real tokens, and `max_new_tokens` may be one count for each row: each row gets the tokens
-        it gets alone. A row ends after its own count or at `stop_token` (which it keeps); the
-        loop ends when every row has, and a row's positions after its end hold `stop_token` (0
-        without one)."""
-        rows = idx.size(0)
-        counts = (
-            [max_new_tokens] * rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        )
-        if len(counts) != rows:
-            raise ValueError(f"max_new_tokens has {len(counts)} counts for {rows} rows")
-        real = None
-        if padding_mask is not None:
-            if padding_mask.shape != idx.shape or not bool(padding_mask[:, -1].all()):
-                raise ValueError(
-                    "padding_mask must have the shape of idx and mark each row's last token real "
-                    "(prompts are padded on the left)"
-                )
-            real = padding_mask.bool()
-        # Rows that end apart: each row's end is tracked (one device sync a token).
-        tracked = not isinstance(max_new_tokens, int) or stop_token is not None
-        limits = torch.tensor(counts, device=idx.device)
-        ended = limits <= 0
-        filler = 0 if stop_token is None else stop_token
-        cache = None
-        for step in range(max(counts, default=0)):
-            window = None if real is None else real[:, -self.block_size :]
-            if not kv_cache:
-                logits = self(idx[:, -self.block_size :], padding_mask=window)
-            elif cache is None or cache.length >= self.block_size:
-                cache = self.new_cache()
-                logits = self(idx[:, -self.block_size :], cache, window)
-            else:
-                window = None if real is None else real[:, -(cache.length + 1) :]
-                logits = self(idx[:, -1:], cache, window)
-            next_token = sample(logits[:, -1, :], temperature, top_k, generator)
-            if tracked:
-                next_token = next_token.masked_fill(ended[:, None], filler)
-                ended |= limits <= step + 1
-                if stop_token is not None:
-                    ended |= next_token[:, 0] == stop_token
-            idx = torch.cat((idx, next_token), dim=1)
-            if real is not None:
-                real = torch.cat((real, real.new_ones(rows, 1)), dim=1)
-            if on_token is not None:
-                on_token(next_token)
-            if tracked and bool(ended.all()):
-                break
-        return idx
-
-
-def attention_to_real_tokens(real: torch.Tensor, seq: int) -> torch.Tensor:
-    """The attention mask (batch, 1, seq, keys) of the last `seq` of `real`'s (batch, keys)
-    positions: each sees the real positions up to itself, and itself (a padding position would
-    otherwise see nothing, and its NaN reach the others through the keys)."""
-    keys = real.size(1)
-    past = keys - seq
-    causal = torch.ones(seq, keys, dtype=torch.bool, device=real.device).tril(diagonal=past)
-    itself = torch.arange(keys, device=real.device) == torch.arange(
-        past, keys, device=real.device
-    ).unsqueeze(1)
-    return ((causal & real[:, None, None, :]) | itself).reshape(real.size(0), 1, seq, keys)
-
-
-def sample(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> torch.Tensor:
-    """One token per row of `logits` (batch, vocab)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)

@@ -92,6 +92,8 @@ class NanoGPT(nn.Module):
 
 def peer_shape(net_cfg: DictConfig) -> dict[str, Any] | None:
     """The peer's sizes from the measured net's config, or None for a net that is no GPT."""
+    if not str(net_cfg.get("_target_", "")).endswith(".GPT"):
+        return None
     if any(net_cfg.get(key) is None for key in SHAPE):
         return None
     return {key: int(net_cfg[key]) for key in SHAPE} | {"bias": bool(net_cfg.get("bias", False))}
