@@ -103,6 +103,7 @@ LANGUAGE_FILES = [
     CONFIGS / "experiment" / "gpt2_instruct.yaml",
     Path("tests") / "test_pretrained.py",
     PACKAGE / "data" / "instructions.py",
+    PACKAGE / "data" / "chat_template.py",
     PACKAGE / "data" / "assets" / "toy_instructions.jsonl",
     CONFIGS / "data" / "instructions.yaml",
     CONFIGS / "experiment" / "instruct.yaml",

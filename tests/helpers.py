@@ -369,6 +369,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{src}/recipes/bench/preparation.py",
             "tests/test_prepare_speed.py",
             f"{src}/data/instructions.py",
+            f"{src}/data/chat_template.py",
             f"{src}/data/assets/toy_instructions.jsonl",
             f"{configs}/data/instructions.yaml",
             f"{configs}/experiment/instruct.yaml",

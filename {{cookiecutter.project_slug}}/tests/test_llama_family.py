@@ -22,6 +22,13 @@ from {{ cookiecutter.package_name }}.checkpointing.hugging_face_decoders import 
     read_config,
     settings_of_config,
 )
+from {{ cookiecutter.package_name }}.data.chat_template import (
+    ChatTemplate,
+)
+from {{ cookiecutter.package_name }}.data.instructions import (
+    InstructionDataModule,
+    encode_parts,
+)
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.models.lora import (
     add_adapters,
@@ -161,6 +168,30 @@ def test_lora_and_activation_checkpointing_on_the_llama() -> None:
         torch.testing.assert_close(gradients[1][name], gradient, atol=1e-6, rtol=1e-5)
 
 
+def test_fp8_converts_every_projection_of_the_llama_and_it_trains() -> None:
+    """torchao's float8 layers in place of every q/k/v/o and MLP projection (not the head); a step
+    on the CPU (torch._scaled_mm has a CPU kernel) gives a finite loss and moves the weights."""
+    pytest.importorskip("torchao")
+    from {{ cookiecutter.package_name }}.models.fp8 import (
+        convert_to_fp8,
+        fp8_layers,
+    )
+
+    torch.manual_seed(0)
+    net = Llama(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
+                mlp_width=128)  # fmt: skip
+    converted, kept = fp8_layers(net)
+    assert len(converted) == 14 and kept == ["lm_head"]
+    convert_to_fp8(net, "tensorwise")
+    assert type(net.blocks[1].mlp.down_proj).__name__ == "Float8Linear"
+    before = net.blocks[0].attn.q_proj.weight.detach().clone()
+    tokens = torch.randint(0, 64, (2, 32))
+    loss = net(tokens[:, :-1], targets=tokens[:, 1:])
+    loss.backward()
+    torch.optim.SGD(net.parameters(), lr=0.1).step()
+    assert torch.isfinite(loss) and not torch.equal(before, net.blocks[0].attn.q_proj.weight)
+
+
 def one_line(error: pytest.ExceptionInfo[ConfigError]) -> str:
     text = str(error.value)
     assert "\n" not in text, text
@@ -247,10 +278,134 @@ def test_shards_are_files_of_the_folder_holding_what_the_index_says(tmp_path: Pa
     load_hugging_face(net, saved.folder)
 
 
+def jinja(text: str) -> str:
+    """Jinja's delimiters from [[ ]] and [% %] (this file is itself rendered by a template)."""
+    brace, close, percent = "{", "}", "%"
+    pairs = (("[[", brace * 2), ("]]", close * 2), ("[%", brace + percent), ("%]", percent + close))
+    for ours, theirs in pairs:
+        text = text.replace(ours, theirs)
+    return text
+
+
+CHATML = jinja(
+    "[% for message in messages %][% if loop.first and messages[0]['role'] != 'system' %]"
+    "[[ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' ]][% endif %]"
+    "[[ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' ]]"
+    "[% endfor %][% if add_generation_prompt %][[ '<|im_start|>assistant\\n' ]][% endif %]"
+)
+LLAMA3 = jinja(
+    "[[ bos_token ]][% for message in messages %]"
+    "[[ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' ]]"
+    "[[ message['content'] | trim ]][[ '<|eot_id|>' ]][% endfor %]"
+    "[% if add_generation_prompt %][[ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' ]]"
+    "[% endif %]"
+)
+TEMPLATES = {
+    "chatml": (CHATML, "<|endoftext|>", "<|im_end|>", ["<|im_start|>", "<|im_end|>"]),
+    "llama3": (LLAMA3, "<|begin_of_text|>", "<|eot_id|>",
+               ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
+}  # fmt: skip
+CONVERSATION = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "Uppercase: fox"},
+    {"role": "assistant", "content": "FOX"},
+    {"role": "user", "content": "Reverse: owl"},
+    {"role": "assistant", "content": "lwo"},
+]
+
+
+def chat_folder(folder: Path, kind: str, text: str, template: str | None = None) -> Path:
+    """A model folder's tokens: a byte-level BPE with the template's special tokens, and a
+    tokenizer_config.json holding the template (or `template` in its place) and its tokens."""
+    from .test_pretrained import gpt2_tokenizer
+
+    chat, bos, eos, specials = TEMPLATES[kind]
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = gpt2_tokenizer(text)
+    tokenizer.add_special_tokens(specials)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos,
+        "eos_token": {"__type": "AddedToken", "content": eos, "special": True, "lstrip": False,
+                      "rstrip": False, "normalized": False, "single_word": False},
+        "chat_template": template or chat,
+    }  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("kind", list(TEMPLATES))
+def test_a_models_chat_template_gives_the_token_ids_of_apply_chat_template(
+    tmp_path: Path, kind: str
+) -> None:
+    """Prompts and whole training records: the ids transformers' `apply_chat_template` gives;
+    the loss counts the assistant's turns, each with its end-of-turn token, and nothing else."""
+    from transformers import AutoTokenizer
+
+    folder = chat_folder(tmp_path / kind, kind, json.dumps(CONVERSATION) * 20)
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    data = InstructionDataModule(
+        source=str(records), tokenizer=str(folder / "tokenizer.json"), chat_template=str(folder),
+        vocab_size=1000, block_size=256,
+    )  # fmt: skip
+    theirs = AutoTokenizer.from_pretrained(folder)
+
+    def hub_ids(messages: list[dict[str, str]], prompt: bool) -> list[int]:
+        ids = theirs.apply_chat_template(messages, tokenize=True, add_generation_prompt=prompt)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    assert data.chat_tokens(CONVERSATION[:2]) == hub_ids(CONVERSATION[:2], True)
+    assert data.chat_tokens(CONVERSATION[:4]) == hub_ids(CONVERSATION[:4], True)
+    template = ChatTemplate.load(str(folder))
+    ids, counted = encode_parts(template.parts(CONVERSATION), data.tokenizer, end_responses=False)
+    assert ids == hub_ids(CONVERSATION, False)
+    learned = data.tokenizer.decode([i for i, c in zip(ids, counted, strict=True) if c])
+    eos = TEMPLATES[kind][2]
+    assert data.tokenizer.end_of_text == theirs.convert_tokens_to_ids(eos)
+    learned_ids = [i for i, c in zip(ids, counted, strict=True) if c]
+    assert learned_ids.count(data.tokenizer.end_of_text) == 2
+    assert learned.replace("\n", "") == "FOXlwo", learned
+
+
+HOSTILE = {
+    "reaches Python's internals": jinja("[[ ''.__class__.__mro__[1].__subclasses__() ]]"),
+    "calls os through a global": jinja(
+        "[[ cycler.__init__.__globals__.os.system('touch MARKER') ]]"
+    ),
+    "changes the conversation": jinja("[[ messages.append({'role': 'user'}) ]]"),
+    "raises": jinja("[[ raise_exception('no system turns, please') ]]"),
+    "writes without end": jinja(
+        "[% for i in range(99999) %][% for j in range(99999) %]x[% endfor %][% endfor %]"
+    ),
+    "does not compile": jinja("[% for message in messages %]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_or_broken_chat_template_is_one_error_line_and_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    folder = chat_folder(tmp_path / "model", "chatml", "Uppercase: fox " * 50, HOSTILE[name])
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps({"messages": CONVERSATION[1:3]}) + "\n")
+    with pytest.raises(ConfigError) as error:
+        data = InstructionDataModule(
+            source=str(records), tokenizer=str(folder / "tokenizer.json"),
+            chat_template=str(folder), vocab_size=1000, block_size=256,
+        )  # fmt: skip
+        data.setup("fit")
+    line = one_line(error)
+    assert line.startswith(("data.source=", "data.chat_template=")), line
+    assert not (tmp_path / "MARKER").exists()
+
+
 def test_the_readme_flow_on_a_llama_family_folder_fine_tune_serve_ask(tmp_path: Path) -> None:
-    """experiment=smollm2_instruct fine-tunes a random Llama-family folder (with its own BPE) on
-    chat records; the server answers a conversation with the fine-tuned model's greedy reply."""
-    from .test_pretrained import CHATS, END_OF_TEXT, gpt2_tokenizer, httpx_post
+    """experiment=smollm2_instruct fine-tunes a random Llama-family folder (with its own BPE and
+    ChatML template) on chat records; the server answers a conversation in that template with the
+    fine-tuned model's greedy reply, ended by the template's end-of-turn token."""
+    from .test_pretrained import CHATS, httpx_post
     from .test_serve import Server
 
     records = tmp_path / "records.jsonl"
@@ -263,11 +418,13 @@ def test_the_readme_flow_on_a_llama_family_folder_fine_tune_serve_ask(tmp_path: 
         ]
         lines.append(json.dumps({"messages": messages}))
     records.write_text("\n".join(lines) + "\n")
-    tokenizer = gpt2_tokenizer(records.read_text() * 3)
-    end = tokenizer.token_to_id(END_OF_TEXT)
-    saved = save_family("llama", tmp_path / "smol", vocab_size=tokenizer.get_vocab_size(),
+    folder = chat_folder(tmp_path / "smol", "chatml", records.read_text() * 3)
+    data = InstructionDataModule(
+        source=str(records), tokenizer=str(folder / "tokenizer.json"), chat_template=str(folder),
+        vocab_size=1000,
+    )  # fmt: skip
+    saved = save_family("llama", folder, vocab_size=data.tokenizer.vocab_size,
                         tie_word_embeddings=True, rope_scaling=None)  # fmt: skip
-    tokenizer.save(str(saved.folder / "tokenizer.json"))
     sizes = settings_of_config(read_config(saved.folder / "config.json", "x"), "x")
     overrides = [
         f"model.net.{name}={value}" for name, value in sizes.items()
@@ -276,28 +433,32 @@ def test_the_readme_flow_on_a_llama_family_folder_fine_tune_serve_ask(tmp_path: 
     ]  # fmt: skip
     result = run_cli(
         "-m", PACKAGE, *QUIET, "experiment=smollm2_instruct", f"init_from={saved.folder}",
-        *overrides, "model.net.block_size=64", f"data.source={records}", "data.batch_size=4",
+        *overrides, "model.net.block_size=96", f"data.source={records}", "data.batch_size=4",
         "trainer.max_epochs=2", "run_name=chat", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     last = tmp_path / "logs" / "train" / "runs" / "chat" / "checkpoints" / "last.ckpt"
-    tuned = built(saved.folder)
+    tuned = built(saved.folder, block_size=96)
     state = torch.load(last, weights_only=True)["state_dict"]
     tuned.load_state_dict({name.removeprefix("net."): value for name, value in state.items()})
 
-    prompt = tokenizer.encode("### User:\nUppercase: fox\n\n### Assistant:\n").ids
+    question = [{"role": "user", "content": "Uppercase: fox"}]
+    prompt = data.chat_tokens(question)
+    assert data.tokenizer.decode(prompt) == (
+        "system\nYou are a helpful assistant.\nuser\nUppercase: fox\nassistant\n"
+    )  # the special tokens are not text
+    end = data.tokenizer.end_of_text
     reply = tuned.generate(torch.tensor([prompt]), 16, temperature=0.0, stop_token=end)
     reply_ids = reply[0, len(prompt) :].tolist()
-    expected = tokenizer.decode(
-        reply_ids[: reply_ids.index(end)] if end in reply_ids else reply_ids
-    )
+    ended = end in reply_ids
+    expected = data.tokenizer.decode(reply_ids[: reply_ids.index(end)] if ended else reply_ids)
     server = Server([f"ckpt_path={last}"], tmp_path / "serve")
     try:
         response = httpx_post(f"{server.url}/generate", {
-            "messages": [{"role": "user", "content": "Uppercase: fox"}],
-            "max_new_tokens": 16, "temperature": 0,
+            "messages": question, "max_new_tokens": 16, "temperature": 0,
         })  # fmt: skip
         assert response.status_code == 200, response.text
         assert response.json()["completion"] == expected
+        assert response.json()["finish_reason"] == ("end" if ended else "length")
     finally:
         assert server.stop() == 0

@@ -7,6 +7,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from .exact_resume import mid_window
+from .run_config import RunConfigInCheckpoint
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -15,6 +16,9 @@ class RunCheckpoint(ModelCheckpoint):
     - the checkpoint a run resumed from goes like any other once `save_top_k` newer ones exist.
       Lightning keeps it for ever: files piled up across repeated kills, and a run resumed from
       its best checkpoint kept it beside the next best;
+    - with `save_weights_only=true` the checkpoint still holds the run's config (Lightning calls
+      no callback's `on_save_checkpoint` for a weights-only save), so that eval, predict, export
+      and serve rebuild the model from it as from any other;
     - a save that Lightning put off until the next validation (due at an epoch's last batch, or
       before the monitored metric exists) is in the checkpoint's state, so that a run resumed
       before that validation still makes it there. Lightning forgets it, and the resumed run
@@ -47,6 +51,26 @@ class RunCheckpoint(ModelCheckpoint):
         self._defer_save_until_validation = bool(
             state_dict.get("save_deferred_to_validation", False)
         )
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        if not self.save_weights_only:
+            super()._save_checkpoint(trainer, filepath)
+            return
+        connector = trainer._checkpoint_connector
+        dump = connector.dump_checkpoint
+
+        def with_run_config(weights_only: bool | None = None) -> dict[str, Any]:
+            checkpoint = dump(weights_only)
+            for callback in trainer.callbacks:  # type: ignore[attr-defined]
+                if isinstance(callback, RunConfigInCheckpoint):
+                    callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
+            return checkpoint
+
+        connector.dump_checkpoint = with_run_config  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(trainer, filepath)
+        finally:
+            del connector.dump_checkpoint
 
     def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
         inside = Path(self.dirpath or "").absolute() in Path(previous).absolute().parents

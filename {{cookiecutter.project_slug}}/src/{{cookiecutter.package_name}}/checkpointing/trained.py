@@ -8,12 +8,14 @@ come from, with that file's SHA-256: they are loaded from there and verified."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from omegaconf import OmegaConf
 
 from ..errors import PACKAGE, ConfigError
@@ -105,7 +107,10 @@ def rebuild(
     given_data, given_model = (plain(node or {}) for node in (data_cfg, model_cfg))
     merged_data = stored_data(stored["data"], given_data, ckpt_path)
     merged_model = OmegaConf.to_container(OmegaConf.merge(stored["model"], given_model))
-    model, datamodule = build_model_and_data(merged_model, merged_data, f"ckpt_path={ckpt_path}")
+    with without_initialization(load_weights):
+        model, datamodule = build_model_and_data(
+            merged_model, merged_data, f"ckpt_path={ckpt_path}"
+        )
     data_state = checkpoint.get(type(datamodule).__qualname__)  # where Lightning stores it
     if isinstance(data_state, dict):
         datamodule.load_state_dict(data_state)  # e.g. an image folder's class names
@@ -115,6 +120,31 @@ def rebuild(
     if load_weights:
         model.load_state_dict(checkpoint["state_dict"])
     return Trained(ckpt_path, checkpoint, model, datamodule)
+
+
+# The initializers that layers call as they are built (nn.Linear's kaiming_uniform_, ...).
+INITIALIZERS = (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+)  # fmt: skip
+
+
+@contextmanager
+def without_initialization(skip: bool = True) -> Iterator[None]:
+    """Layers built inside keep their memory as allocated, not randomly initialized: every
+    parameter is about to be overwritten by a checkpoint's (check_same_model makes sure of
+    it), and drawing 124M random numbers first takes longer than loading them."""
+    if not skip:
+        yield
+        return
+    kept = {name: getattr(torch.nn.init, name) for name in INITIALIZERS}
+    for name in INITIALIZERS:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in kept.items():
+            setattr(torch.nn.init, name, function)
 
 
 @dataclass(frozen=True)

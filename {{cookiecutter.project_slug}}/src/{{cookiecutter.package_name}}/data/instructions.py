@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .base import SplitDataModule, check_fractions, check_whole_numbers, split_indices
+from .chat_template import ChatTemplate
 from .errors import ConfigError
 from .tokenizer import BYTES, ByteTokenizer, TextTokenizer, tokenizer_file
 
@@ -100,10 +101,13 @@ def chat_prompt(messages: Sequence[dict[str, str]], tokenizer: TextTokenizer) ->
     return ids
 
 
-def encode_parts(parts: Parts, tokenizer: TextTokenizer) -> tuple[list[int], list[bool]]:
+def encode_parts(
+    parts: Parts, tokenizer: TextTokenizer, end_responses: bool = True
+) -> tuple[list[int], list[bool]]:
     """The tokens of a record, and for each whether the loss counts it (a response's tokens and
-    the end-of-text token after it). Prompt parts that follow each other are tokenized as one
-    text, as a prompt is at inference."""
+    the end-of-text token after it; a chat template writes its own end of turn into the
+    response instead: `end_responses=False`). Prompt parts that follow each other are tokenized
+    as one text, as a prompt is at inference."""
     ids: list[int] = []
     counted: list[bool] = []
     prompt = ""
@@ -116,7 +120,7 @@ def encode_parts(parts: Parts, tokenizer: TextTokenizer) -> tuple[list[int], lis
             ids += tokens
             counted += [False] * len(tokens)
             prompt = ""
-        tokens = [*tokenizer.encode(text), tokenizer.end_of_text]
+        tokens = tokenizer.encode(text) + ([tokenizer.end_of_text] if end_responses else [])
         ids += tokens
         counted += [True] * len(tokens)
     if prompt:
@@ -145,8 +149,10 @@ def json_type(value: Any) -> str:
     )  # fmt: skip
 
 
-def record_parts(record: Any) -> Parts:
-    """A record's text parts; ValueError says what is wrong with it."""
+def record_parts(record: Any, template: ChatTemplate | None = None) -> Parts:
+    """A record's text parts, in this project's templates or in a model's chat template (an
+    Alpaca record is then the user's turn and the assistant's); ValueError says what is wrong
+    with it."""
     if not isinstance(record, dict):
         raise ValueError(
             f"the record is {json_type(record)}, not an object: give "
@@ -158,7 +164,8 @@ def record_parts(record: Any) -> Parts:
             f"the record holds both messages and {alpaca[0]}: give one kind of record a line"
         )
     if "messages" in record:
-        return chat_parts(training_messages(record["messages"]))
+        messages = training_messages(record["messages"])
+        return template.parts(messages) if template else chat_parts(messages)
     for key in ("instruction", "output"):
         if key not in record:
             raise ValueError(
@@ -169,6 +176,12 @@ def record_parts(record: Any) -> Parts:
     for key in ("instruction", "input", "output"):
         if key in record and not isinstance(record[key], str):
             raise ValueError(f"{key} is {json_type(record[key])}, not a string")
+    if template is not None:
+        request = "\n\n".join(text for text in (record["instruction"], record.get("input")) if text)
+        answer = record["output"]
+        return template.parts(
+            [{"role": "user", "content": request}, {"role": "assistant", "content": answer}]
+        )
     prompt = format_prompt(record["instruction"], record.get("input", ""))
     return [(prompt, False), (record["output"], True)]
 
@@ -307,6 +320,7 @@ class InstructionDataModule(SplitDataModule):
         self,
         source: str = TOY,
         tokenizer: str | None = None,
+        chat_template: str | None = None,
         vocab_size: int = ByteTokenizer.vocab_size,
         block_size: int = 256,
         batch_size: int = 16,
@@ -319,6 +333,7 @@ class InstructionDataModule(SplitDataModule):
         check_fractions(val_fraction, test_fraction)
         check_whole_numbers(block_size=block_size, vocab_size=vocab_size)
         self.save_hyperparameters()
+        self.template = ChatTemplate.load(chat_template) if chat_template else None
         self.tokenizer = self.load_tokenizer()
         if vocab_size < self.tokenizer.vocab_size:
             raise ConfigError(
@@ -334,12 +349,19 @@ class InstructionDataModule(SplitDataModule):
         if getattr(self, "tokenizer", None) is not None:
             return self.tokenizer
         choice = self.hparams["tokenizer"]
+        template = getattr(self, "template", None)
         if choice is None or choice == BYTES:
+            if template is not None:
+                raise ConfigError(
+                    f"data.chat_template={self.hparams['chat_template']} needs the model's own "
+                    "tokens: set data.tokenizer to its folder's tokenizer.json."
+                )
             return ByteTokenizer()
         return tokenizer_file(
             "data.tokenizer", str(choice),
             "use null (bytes), or the path of a tokenizer.json (the prepare command writes one "
-            "beside its token shards).",
+            "beside its token shards), holding the chat template's end-of-turn token.",
+            *([template.eos_token] if template else []),
         )  # fmt: skip
 
     def encode(self, text: str) -> list[int]:
@@ -354,7 +376,10 @@ class InstructionDataModule(SplitDataModule):
     def chat_tokens(self, messages: Any) -> list[int]:
         """The prompt tokens of a conversation that ends with the user's turn, as training
         tokenized them, up to the assistant's header: the model's reply comes next."""
-        return chat_prompt(prompting_messages(messages), self.tokenizer)
+        messages = prompting_messages(messages)
+        if self.template is not None:
+            return self.tokenizer.encode(self.template.render(messages, add_generation_prompt=True))
+        return chat_prompt(messages, self.tokenizer)
 
     def tokens_per_byte(self, split: str) -> float:
         """Of the split's responses (their end-of-text tokens counted as tokens of no bytes):
@@ -368,10 +393,10 @@ class InstructionDataModule(SplitDataModule):
         examples, response_counts = [], []
         for number, record in read_records(source):
             try:
-                parts = record_parts(record)
+                parts = record_parts(record, self.template)
             except ValueError as error:
                 raise ConfigError(f"data.source={source}, line {number}: {error}.") from None
-            ids, counted = encode_parts(parts, self.tokenizer)
+            ids, counted = encode_parts(parts, self.tokenizer, self.template is None)
             if len(ids) - 1 > block:
                 raise ConfigError(
                     f"data.source={source}, line {number}: the record is {len(ids)} tokens, "

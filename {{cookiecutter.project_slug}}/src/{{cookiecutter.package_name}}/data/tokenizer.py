@@ -46,12 +46,12 @@ class BPETokenizer:
     """A byte-level BPE: any text encodes, and decoding gives it back exactly. The vocabulary
     counts the added tokens (GPT-2's 50257 is 50256 merges and bytes, then `<|endoftext|>`)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, end_token: str = END_OF_TEXT) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
-        end_of_text = tokenizer.token_to_id(END_OF_TEXT)
+        end_of_text = tokenizer.token_to_id(end_token)
         if end_of_text is None:
-            raise ValueError(f"it has no {END_OF_TEXT} token, which ends every document here")
+            raise ValueError(f"it has no {end_token} token, which ends every document here")
         self.end_of_text = int(end_of_text)
 
     @classmethod
@@ -80,26 +80,29 @@ class BPETokenizer:
         self.tokenizer.save(str(path))
 
 
-def load_tokenizer(path: Path) -> TextTokenizer:
+def load_tokenizer(path: Path, end_token: str = END_OF_TEXT) -> TextTokenizer:
     """A tokenizer that `save` wrote, or a pretrained model's `tokenizer.json` (JSON either way:
-    nothing in it runs). Raises ValueError (or OSError) naming what is wrong."""
-    return tokenizer_from_json(path.read_text(encoding="utf-8"))
+    nothing in it runs), whose `end_token` ends a document (or a chat's turn). Raises ValueError
+    (or OSError) naming what is wrong."""
+    return tokenizer_from_json(path.read_text(encoding="utf-8"), end_token)
 
 
-def tokenizer_file(setting: str, choice: str, instead: str) -> TextTokenizer:
+def tokenizer_file(
+    setting: str, choice: str, instead: str, end_token: str = END_OF_TEXT
+) -> TextTokenizer:
     """The tokenizer.json that a setting (`data.tokenizer=<choice>`) names; one error line, ending
     with what to give `instead`, where it is not a file or not a tokenizer."""
     path = Path(choice).expanduser()
     if not path.is_file():
         raise ConfigError(f"{setting}={choice} is not a file: {instead}")
     try:
-        return load_tokenizer(path)
+        return load_tokenizer(path, end_token)
     except Exception as error:  # the tokenizers library raises plain Exceptions
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ConfigError(f"{setting}={choice} is not a tokenizer ({reason}): {instead}") from None
 
 
-def tokenizer_from_json(text: str) -> TextTokenizer:
+def tokenizer_from_json(text: str, end_token: str = END_OF_TEXT) -> TextTokenizer:
     settings = json.loads(text)
     if not isinstance(settings, dict):
         raise ValueError(f"it holds a JSON {type(settings).__name__}, not a tokenizer's settings")
@@ -107,4 +110,4 @@ def tokenizer_from_json(text: str) -> TextTokenizer:
         return ByteTokenizer()
     from tokenizers import Tokenizer
 
-    return BPETokenizer(Tokenizer.from_str(text))
+    return BPETokenizer(Tokenizer.from_str(text), end_token)

@@ -267,7 +267,14 @@ def chat_template(trained: Trained) -> Callable[[Any], list[int]]:
             f"chat=true, but ckpt_path={trained.path} was not trained on instructions "
             "(data=instructions), so it has no chat template: drop chat=true."
         )
-    return chat
+
+    def tokens(messages: Any) -> list[int]:
+        try:
+            return chat(messages)
+        except ValueError as error:  # the model's own chat template failed on the conversation
+            raise ConfigError(f"chat=true: {error}.") from None
+
+    return tokens
 
 
 def continue_prompts(

@@ -97,7 +97,7 @@ def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
             f"{key}=logs/train/runs/<run>/checkpoints/last.ckpt"
         )
     try:
-        return load_plain(path)
+        return load_mapped(path)
     except pickle.UnpicklingError as error:
         if not refused_as_python_objects(error):
             # Not a pickle at all (random bytes), as opposed to one that names Python objects.
@@ -117,6 +117,18 @@ def load_checkpoint(path: Path, trust: bool, key: str) -> Any:
             "truncated or not a PyTorch checkpoint. Pass another file."
         ) from error
     return load_trusted(path)
+
+
+def load_mapped(path: Path) -> Any:
+    """The file memory-mapped: tensors that the reader never touches (the optimizer's state, for
+    predict, serve, export and eval) are never read from disk. Files in torch's legacy format,
+    which cannot be mapped, are read whole."""
+    try:
+        return load_plain(path, mmap=True)
+    except RuntimeError as error:
+        if "mmap" not in str(error):
+            raise
+        return load_plain(path)
 
 
 def read_fit_state(path: Path) -> dict[str, Any]:
