@@ -59,6 +59,7 @@ LANGUAGE_FILES = [
     CONFIGS / "experiment" / "smollm2_instruct_lora.yaml",
     CONFIGS / "experiment" / "qwen2_5_instruct_lora.yaml",
     Path("tests") / "test_llama_family.py",
+    Path("tests") / "test_fuzz_language_doors.py",
     PACKAGE / "models" / "losses.py",
     PACKAGE / "recipes" / "bench" / "peer.py",
     Path("tests") / "test_chunked_loss.py",

@@ -322,6 +322,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/experiment/smollm2_instruct_lora.yaml",
             f"{configs}/experiment/qwen2_5_instruct_lora.yaml",
             "tests/test_llama_family.py",
+            "tests/test_fuzz_language_doors.py",
             f"{src}/models/losses.py",
             f"{src}/recipes/bench/peer.py",
             "tests/test_chunked_loss.py",

@@ -75,23 +75,30 @@ def read_rope(config: dict[str, Any], where: str) -> tuple[float, dict[str, Any]
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
     kind = params.pop("rope_type", params.pop("type", "default"))
-    if kind not in SCALING_FIELDS:
+    if not isinstance(kind, str) or kind not in SCALING_FIELDS:
         raise ConfigError(
             f"{where} scales its rotary embeddings as {json_text(kind)}, which this project's "
             f"decoder does not compute (it does {', '.join(ROPE_TYPES)})."
         )
-    if type(theta) not in (int, float) or theta <= 0:
-        raise ConfigError(f"{where}: its {HF_CONFIG} has rope_theta={json_text(theta)}.")
+    if not positive_number(theta):
+        raise ConfigError(
+            f"{where}: its {HF_CONFIG} has rope_theta={json_text(theta)}, not a positive "
+            "number: download it again."
+        )
     scaling: dict[str, Any] = {"rope_type": kind}
     for name in SCALING_FIELDS[kind]:
         value = params.get(name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        if not positive_number(value):
             raise ConfigError(
                 f"{where}: its {HF_CONFIG} scales RoPE as {kind} without a positive {name}: "
                 "download it again."
             )
         scaling[name] = value
     return float(theta), None if kind == "default" else scaling
+
+
+def positive_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
 def json_text(value: Any) -> str:
@@ -117,6 +124,11 @@ def read_config(path: Path, key: str) -> dict[str, Any]:
     for name in REQUIRED[1:]:
         if config[name] < 1:
             raise ConfigError(f"{where}: its {HF_CONFIG} has {name}={config[name]}, not a size.")
+    if not positive_number(config.get("rms_norm_eps", 1e-6)):
+        raise ConfigError(
+            f"{where}: its {HF_CONFIG} has rms_norm_eps={json_text(config['rms_norm_eps'])}, not "
+            "a positive number: download it again."
+        )
     if config.get("hidden_act", "silu") != "silu":
         raise ConfigError(
             f"{where} uses hidden_act={config['hidden_act']}, and this project's decoder the "

@@ -82,7 +82,7 @@ class ChatTemplate:
         environment.globals["strftime_now"] = strftime_now
         try:
             self.template = environment.from_string(text)
-        except TemplateError as error:
+        except (TemplateError, RecursionError, ValueError) as error:  # too deep; a NUL byte
             raise ConfigError(
                 f"{SETTING}={source}: the chat template does not compile ({first_line(error)})."
             ) from None
@@ -102,7 +102,7 @@ class ChatTemplate:
             )
         try:
             config = json.loads(read_limited(config_path, where))
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise ConfigError(f"{where}: {CONFIG} is not JSON ({first_line(error)}).") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{where}: {CONFIG} holds no object of settings.")

@@ -261,12 +261,23 @@ def read_records(source: str) -> list[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            records.append((number, json.loads(line)))
+            record = json.loads(line)
+            json.dumps(record, ensure_ascii=False).encode("utf-8")  # no lone surrogate (\ud800)
         except json.JSONDecodeError as error:
             raise ConfigError(
                 f"{where}, line {number}: not JSON ({error.msg} at column {error.colno}): "
                 "each line holds one JSON record."
             ) from None
+        except RecursionError:
+            raise ConfigError(
+                f"{where}, line {number}: JSON nested too deeply to be a record."
+            ) from None
+        except (ValueError, UnicodeEncodeError) as error:  # a 5000-digit number; a lone surrogate
+            reason = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+            raise ConfigError(
+                f"{where}, line {number}: not a record this project reads ({reason})."
+            ) from None
+        records.append((number, record))
     if not records:
         raise ConfigError(
             f"{where} holds no records: give one JSON object a line, "

@@ -23,6 +23,7 @@ HF_PICKLED = "pytorch_model.bin"
 HF_INDEX = "model.safetensors.index.json"  # which shard file holds each tensor of a large model
 HF_TOKENIZER = "tokenizer.json"  # JSON that the data modules read with the tokenizers library
 JSON_LIMIT = 1 << 20  # a model's config.json is a few kilobytes
+NAME_LIMIT = 255  # bytes of a file name on every common file system
 
 # What a checked JSON field may hold.
 JSON_KINDS: dict[str, Any] = {
@@ -68,6 +69,7 @@ def shard_names(folder: Path, key: str) -> dict[str, str]:
             or Path(file).name != file
             or file in (".", "..")
             or not file.endswith(".safetensors")
+            or len(file.encode("utf-8", "surrogatepass")) > NAME_LIMIT
         ):
             raise ConfigError(
                 f"{where} names {json.dumps(file)[:80]} for {name[:80]}, not a .safetensors file "
@@ -85,7 +87,11 @@ def read_safetensors_folder(folder: Path, key: str) -> dict[str, torch.Tensor]:
     wanted = shard_names(folder, key)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(set(wanted.values())):
-        if not (folder / file).is_file():
+        try:
+            present = (folder / file).is_file()
+        except (OSError, ValueError):  # a name the file system refuses (a NUL byte, ...)
+            present = False
+        if not present:
             raise ConfigError(
                 f"{key}={folder}: its {HF_INDEX} names {file}, which the folder does not hold: "
                 "download every file of the model."
