@@ -118,6 +118,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "callbacks.*.enable_version_counter": (),
     "callbacks.*.requeue": (),
     "callbacks.*.save_last": ("link",),
+    "callbacks.*.save_weights_only": (),
     "logger.*.default_hp_metric": (),
     "logger.*.log_model": ("all",),
     "logger.*.offline": (),
