@@ -151,6 +151,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/run/schedule.py",
         f"{src}/run/lock.py",
         f"{src}/command_errors.py",
+        f"{src}/entry.py",
         f"{src}/sweeps/report.py",
         f"{src}/callbacks/optuna_pruning.py",
         f"src/hydra_plugins/{package}_optuna_sweeper/__init__.py",

@@ -79,7 +79,7 @@ def test_image_runs_the_train_command(project: Path) -> None:
     (entrypoint,) = instructions(project, "ENTRYPOINT")
     package = next((project / "src").glob("*/cli.py")).parent.name
     assert entrypoint.json and entrypoint.value == (f"{package}-train",)
-    assert f'{package}-train = "{package}.cli:train"' in (project / "pyproject.toml").read_text()
+    assert f'{package}-train = "{package}.entry:train"' in (project / "pyproject.toml").read_text()
 
 
 def test_install_steps_are_the_ones_the_readme_shows(project: Path) -> None:

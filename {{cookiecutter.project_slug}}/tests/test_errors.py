@@ -152,7 +152,8 @@ def written(tmp_path: Path) -> Path:
 
 def write_checkpoints_of_this_model(folder: Path, run_dir: Path) -> None:
     """Checkpoints of the default model, each with its config as train stores it, but with one
-    thing wrong: a weight of another shape, a weight too many, a network that the config builds as
+    thing wrong: a weight of another shape, a weight too many, a config claiming a model of
+    terabytes (refused before anything is allocated), a network that the config builds as
     a `functools.partial` (so the model holds none of the weights), more epochs done than a run's
     limit; and the model's weights as a folder of shards."""
     cfg = compose_config("train", [*SHORT_RUN], run_dir)
@@ -167,6 +168,9 @@ def write_checkpoints_of_this_model(folder: Path, run_dir: Path) -> None:
     model = {**stored["model"], "net": net}
     partial = {**stored, "model": model}
     torch.save({"state_dict": weights, "run_config": partial}, folder / "partial_net.ckpt")
+    huge_net = {**stored["model"]["net"], "channels": [32, 2_000_000_000]}
+    huge = {**stored, "model": dict(stored["model"], net=huge_net)}
+    torch.save({"state_dict": weights, "run_config": huge}, folder / "huge_claim.ckpt")
     swapped = {**stored, "model": stored["data"], "data": stored["model"]}
     torch.save({"state_dict": weights, "run_config": swapped}, folder / "swapped_configs.ckpt")
     fit_loop = dict(epoch_progress=dict(current=dict(completed=50)))
@@ -367,6 +371,7 @@ EVAL_CASES = {
     "a name longer than the file system allows": ("{dir}/" + "a" * 300 + ".ckpt", ["longer than the file system allows"]),
     "a weight of another shape": ("{dir}/other_shape.ckpt", ["another model", "other shape"]),
     "a weight too many": ("{dir}/extra_weight.ckpt", ["another model", "unexpected: extra.weight"]),
+    "a stored config claiming a model of terabytes": ("{dir}/huge_claim.ckpt", ["another model", "other shape"]),
     "a network built as a partial, holding no weights": ("{dir}/partial_net.ckpt", []),
     "the data config where the model's should be": ("{dir}/swapped_configs.ckpt", ["data._target_ in the run_config stored in ckpt_path=", "not a LightningDataModule"]),
 }  # fmt: skip

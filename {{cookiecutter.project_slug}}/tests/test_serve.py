@@ -43,6 +43,13 @@ from {{ cookiecutter.package_name }}.models.nets.gpt import (
 from {{ cookiecutter.package_name }}.recipes.serve import (
     serve,
 )
+from {{ cookiecutter.package_name }}.recipes.serve.batching import (
+    Batcher,
+    Pending,
+)
+from {{ cookiecutter.package_name }}.recipes.serve.settings import (
+    Settings,
+)
 
 from .helpers import PACKAGE, compose_config, run_cli
 from .killing import entry_point as entry
@@ -181,6 +188,53 @@ def test_a_taken_port_gets_one_line_before_the_checkpoint_is_read(tmp_path: Path
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
     assert f"cannot listen on 127.0.0.1 port {port}" in lines[0] and "port=0" in lines[0]
     assert not (tmp_path / "logs").exists()
+
+
+class Recorded:
+    """A model that answers at once and records the batches it ran."""
+
+    kind, path = "recorded", "/recorded"
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def groups(self, batch: list[Pending]) -> list[list[Pending]]:
+        return [batch]
+
+    def run(self, group: list[Pending], stopping: threading.Event) -> None:
+        self.batches.append(len(group))
+        for pending in group:
+            pending.send({"done": True})
+
+
+def test_a_request_that_finds_the_model_idle_starts_at_once_and_a_busy_model_batches() -> None:
+    """With a batch_timeout of a minute, a lone request is answered without waiting for it; two
+    requests queued while the model was busy run as one batch (a full one: max_batch_size 2)."""
+    settings = Settings(host="127.0.0.1", port=0, max_batch_size=2, batch_timeout=60.0,
+                        shutdown_timeout=1, max_new_tokens=1, temperature=0.0, top_k=None,
+                        top_k_classes=1, request_bytes=1024, most_new_tokens=1, image_pixels=1,
+                        queued_requests=8)  # fmt: skip
+    served = Recorded()
+    batcher = Batcher(served, settings)  # type: ignore[arg-type]
+
+    async def ask(count: int) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        pendings = [Pending(torch.zeros(1), {}, loop) for _ in range(count)]
+        for pending in pendings:
+            assert batcher.submit(pending)
+        if not batcher.thread.is_alive():
+            batcher.thread.start()
+        return [await asyncio.wait_for(pending.final(), timeout=30) for pending in pendings]
+
+    async def both() -> None:
+        assert await ask(2) == [{"done": True}] * 2  # queued before the model ran: busy
+        assert await ask(1) == [{"done": True}]  # the model idle: no minute's wait
+
+    try:
+        asyncio.run(both())
+    finally:
+        batcher.stop()
+    assert served.batches == [2, 1]
 
 
 @pytest.mark.parametrize(

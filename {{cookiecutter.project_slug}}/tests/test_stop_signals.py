@@ -218,17 +218,45 @@ def test_sigterm_to_one_ddp_rank_stops_both_at_the_next_agreement_step(
 def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path: Path) -> None:
     """SLURM's time-limit warning (`sbatch --signal=USR1@90`): save at a step boundary, then
     `scontrol requeue <job id>` (a fake scontrol on PATH records its arguments)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
-    scontrol.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    env = fake_scontrol(tmp_path)
     command = [*SMALL_RUN, *fault("train_step", 3, tmp_path / "fired", "SIGUSR1")]
     code, output = run(command, tmp_path / "job", env)
     assert code == 143, output[-3000:]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     assert "SIGUSR1 at step 3: saved" in output and "requeued the job" in output
+
+
+def fake_scontrol(tmp_path: Path) -> dict[str, str]:
+    """A SLURM job's environment whose scontrol records its arguments in scontrol.log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.15, 0.3, 1.0])
+def test_a_warning_while_the_command_starts_is_kept_and_the_job_requeued(
+    delay: float, tmp_path: Path
+) -> None:
+    """SIGUSR1 while Python still imports (Hydra, torch): the console script's first instruction
+    records it (`entry`), so it is answered once the run can save instead of by the signal's
+    default action, which ended the job unsaved and never requeued (rc 138)."""
+    env = fake_scontrol(tmp_path)
+    running = start([*SMALL_RUN, "trainer.max_epochs=1"], tmp_path / "job", env)
+    try:
+        time.sleep(delay)
+        running.send_signal(signal.SIGUSR1)
+        code, output = finish(running, timeout=300)
+    finally:
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.wait()
+    assert code == 143, f"exit {code}: {output[-3000:]}"
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    assert "requeued the job" in output and "Traceback" not in output, output[-3000:]
 
 
 @pytest.mark.slow

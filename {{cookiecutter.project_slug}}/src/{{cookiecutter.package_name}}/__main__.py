@@ -1,6 +1,6 @@
 """`python -m {{ cookiecutter.package_name }}` trains, like `{{ cookiecutter.package_name }}-train`."""
 
-from .cli import train
+from .entry import train
 
 if __name__ == "__main__":
     train()

@@ -22,7 +22,7 @@ from ..errors import PACKAGE, ConfigError
 from ..files import absolute
 from ..models.lora import is_adapter
 from ..run.steps import build_model_and_data
-from ..targets import plain, stored_config
+from ..targets import build, plain, stored_config
 from .door import (
     first_line,
     hugging_face_files,
@@ -107,6 +107,7 @@ def rebuild(
     given_data, given_model = (plain(node or {}) for node in (data_cfg, model_cfg))
     merged_data = stored_data(stored["data"], given_data, ckpt_path)
     merged_model = OmegaConf.to_container(OmegaConf.merge(stored["model"], given_model))
+    check_before_allocating(merged_model, checkpoint, ckpt_path)
     with without_initialization(load_weights):
         model, datamodule = build_model_and_data(
             merged_model, merged_data, f"ckpt_path={ckpt_path}"
@@ -120,6 +121,21 @@ def rebuild(
     if load_weights:
         model.load_state_dict(checkpoint["state_dict"])
     return Trained(ckpt_path, checkpoint, model, datamodule)
+
+
+def check_before_allocating(model_cfg: Any, checkpoint: dict[str, Any], ckpt_path: Path) -> None:
+    """The model that the stored config describes, built on the meta device (shapes, no memory),
+    must fit the checkpoint's weights before it is built for real: a small file whose config
+    claims a huge model is refused in one line, not allocated. A fine-tuning checkpoint's frozen
+    weights come from its base checkpoint, so only they may be missing here."""
+    with torch.device("meta"):
+        model = build(model_cfg, f"the run_config stored in ckpt_path={ckpt_path}", "model")
+    if not isinstance(model, torch.nn.Module):
+        return  # build_model_and_data says what it builds instead
+    adapters_only = "base_weights" in checkpoint
+    check_same_model(
+        checkpoint, model, ckpt_path, optional=lambda name: adapters_only and not is_adapter(name)
+    )
 
 
 # The initializers that layers call as they are built (nn.Linear's kaiming_uniform_, ...).

@@ -74,7 +74,8 @@ def _interrupt(number: int, frame: FrameType | None) -> None:
 def interrupt_from_startup() -> None:
     """Ctrl-C from a command's first moments ends it with one line (`Interrupted`) instead of a
     KeyboardInterrupt's traceback; a run's loop records it instead (`watch`)."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    current = signal.getsignal(signal.SIGINT)
+    if current is signal.default_int_handler or getattr(current, "starting_up", False):
         signal.signal(signal.SIGINT, _interrupt)
 
 
@@ -96,14 +97,20 @@ WARNINGS = ("SIGUSR1", "SIGUSR2")
 
 
 def record_from_startup(names: Iterable[str] = WARNINGS) -> None:
-    """Record SLURM's warnings from a run's first moments: their default action ends a process at
-    once, so a warning that came while Python still imported ended the job unsaved and never
-    requeued. The run, once it `watch`es, stops at its first safe point and requeues. (SIGTERM
+    """Record SLURM's warnings from a run's first moments (taking over what the console script's
+    first instruction recorded, `entry`): their default action ends a process at once, so a
+    warning that came while Python still imported ended the job unsaved and never requeued. The run, once it `watch`es, stops at its first safe point and requeues. (SIGTERM
     keeps its default until then: nothing is written yet, and the same command resumes.)"""
+    global _before_the_run, _received_at
     for name in names:
         number = signal.Signals[name]
-        if signal.getsignal(number) in (signal.SIG_DFL, None):
+        current = signal.getsignal(number)
+        if current in (signal.SIG_DFL, None) or hasattr(current, "first"):
             signal.signal(number, _record_before_the_run)
+            # entry.EarlyRecorder: a warning that came while the command started
+            early = getattr(current, "first", None)
+            if early is not None:
+                _before_the_run, _received_at = early
 
 
 def received() -> signal.Signals | None:

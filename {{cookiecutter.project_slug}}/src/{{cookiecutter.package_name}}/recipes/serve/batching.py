@@ -63,8 +63,10 @@ class Served(Protocol):
 
 
 class Batcher:
-    """One thread runs the model: it takes the first waiting request, waits up to
-    `batch_timeout` for more (up to `max_batch_size`), and runs them as one batch."""
+    """One thread runs the model. A request that finds it idle runs at once, with whatever else
+    is already waiting; while it is busy, requests queue, and the next batch waits up to
+    `batch_timeout` after its first for more (up to `max_batch_size`): waiting pays only when
+    requests keep arriving."""
 
     def __init__(self, served: Served, settings: Settings) -> None:
         self.served = served
@@ -82,10 +84,13 @@ class Batcher:
 
     def next_batch(self) -> list[Pending]:
         try:
-            batch = [self.waiting.get(timeout=0.1)]
+            batch, wait = [self.waiting.get_nowait()], self.settings.batch_timeout
         except queue.Empty:
-            return []
-        deadline = time.monotonic() + self.settings.batch_timeout
+            try:
+                batch, wait = [self.waiting.get(timeout=0.1)], 0.0
+            except queue.Empty:
+                return []
+        deadline = time.monotonic() + wait
         while len(batch) < self.settings.max_batch_size:
             left = deadline - time.monotonic()
             try:

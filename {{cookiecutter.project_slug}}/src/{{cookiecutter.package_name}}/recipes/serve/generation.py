@@ -121,10 +121,14 @@ class Generation:
                 row.take(token, self.stop_token)
 
         options = group[0].options
+        limits = [row.limit for row in rows]
+        # Rows of one length and one count (a lone request) take generate's plain path.
+        padded = not bool(real.all())
         self.net.generate(
-            idx.to(self.device), [row.limit for row in rows], temperature=options["temperature"],
-            top_k=options["top_k"], generator=self.generator, on_token=on_token,
-            padding_mask=real.to(self.device), stop_token=self.stop_token,
+            idx.to(self.device), limits if len(set(limits)) > 1 else limits[0],
+            temperature=options["temperature"], top_k=options["top_k"], generator=self.generator,
+            on_token=on_token, padding_mask=real.to(self.device) if padded else None,
+            stop_token=self.stop_token,
         )  # fmt: skip
 
     def info(self) -> dict[str, Any]:
