@@ -32,9 +32,11 @@ from {{ cookiecutter.package_name }}.data.token_shards import (
     read_manifest,
 )
 from {{ cookiecutter.package_name }}.data.tokenizer import (
+    END_OF_TEXT,
     BPETokenizer,
     ByteTokenizer,
     load_tokenizer,
+    tokenizer_file,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.recipes.prepare import (
@@ -204,6 +206,41 @@ def test_bad_prepare_input_gets_one_line_and_writes_nothing(tmp_path: Path, case
     assert result.returncode == 1, result.stderr[-2000:]
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and message.format(tmp=tmp_path) in line, line
+    assert not (tmp_path / "tokens").exists() and not list(tmp_path.glob(".tokens*"))
+
+
+def backtracking_tokenizer(path: Path) -> Path:
+    """A tokenizer.json whose pre-tokenizer's regular expression backtracks past Oniguruma's
+    limit on a long run of one letter: the tokenizers library panics (a BaseException)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab={"a": 0, "c": 1, END_OF_TEXT: 2}, merges=[]))
+    tokenizer.add_special_tokens([END_OF_TEXT])
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"(a+)+(?=b)"), "isolated")
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_tokenizer_that_panics_is_one_line(tmp_path: Path) -> None:
+    """Its panic on a text is the tokenizer's one line, in prepare's workers as in the process,
+    not a worker that 'ended before it answered' nor a traceback."""
+    path = backtracking_tokenizer(tmp_path / "backtracks.json")
+    tokenizer = tokenizer_file("data.tokenizer", str(path), "give another")
+    assert tokenizer.encode("ac") == [0, 1]
+    with pytest.raises(ConfigError, match="the tokenizer cannot encode this text"):
+        tokenizer.encode("a" * 5000 + "c")
+    (tmp_path / "corpus").mkdir()
+    for index in range(10):
+        (tmp_path / "corpus" / f"{index}.txt").write_text("a" * 5000 + "c\n")
+    result = run_cli(
+        "-c", f"from {PACKAGE}.cli import prepare; prepare()", f"source={tmp_path / 'corpus'}",
+        f"tokenizer={path}", f"output={tmp_path / 'tokens'}", "extras.print_config=false",
+        "val_fraction=0.3", "test_fraction=0.3", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "the tokenizer cannot encode" in last, last
+    assert "Traceback" not in result.stderr and "ended before it answered" not in last
     assert not (tmp_path / "tokens").exists() and not list(tmp_path.glob(".tokens*"))
 
 

@@ -5,7 +5,8 @@ UTF-8 bytes. Both end every document with the `<|endoftext|>` token."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,6 +14,27 @@ from .errors import ConfigError
 
 END_OF_TEXT = "<|endoftext|>"
 BYTES = "bytes"
+
+
+class TokenizerFailed(ConfigError):
+    """The tokenizers library failed on a text: its tokenizer.json cannot encode or decode it."""
+
+
+@contextmanager
+def library_boundary(doing: str) -> Iterator[None]:
+    """Every failure of the tokenizers library as one TokenizerFailed. It raises plain
+    Exceptions, and a Rust panic inside it (a regular expression that backtracks past its limit,
+    say) as pyo3's PanicException, a BaseException that `except Exception` lets through."""
+    try:
+        yield
+    except BaseException as error:
+        if not (isinstance(error, Exception) or type(error).__name__ == "PanicException"):
+            raise  # KeyboardInterrupt, SystemExit, a stop signal's exception
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        raise TokenizerFailed(
+            f"the tokenizer cannot {doing} ({reason}): check its tokenizer.json (a regular "
+            "expression in it may backtrack too far)"
+        ) from None
 
 
 class TextTokenizer(Protocol):
@@ -71,10 +93,18 @@ class BPETokenizer:
         return cls(tokenizer)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        with library_boundary("encode this text"):
+            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        library = self.tokenizer
+        batch = getattr(library, "encode_batch_fast", library.encode_batch)  # fast: no offsets
+        with library_boundary("encode these texts"):
+            return [encoding.ids for encoding in batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        with library_boundary("decode these tokens"):
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def save(self, path: Path) -> None:
         self.tokenizer.save(str(path))
@@ -110,4 +140,6 @@ def tokenizer_from_json(text: str, end_token: str = END_OF_TEXT) -> TextTokenize
         return ByteTokenizer()
     from tokenizers import Tokenizer
 
-    return BPETokenizer(Tokenizer.from_str(text), end_token)
+    with library_boundary("be read"):
+        library = Tokenizer.from_str(text)
+    return BPETokenizer(library, end_token)

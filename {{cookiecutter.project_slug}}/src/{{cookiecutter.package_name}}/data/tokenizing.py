@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from . import tokenizing_worker
-from .tokenizing_worker import ANSWER, ERROR, LENGTH, pack_pieces, read_exactly
+from .errors import ConfigError
+from .tokenizing_worker import ANSWER, ERROR, LENGTH, REFUSED, pack_pieces, read_exactly
 
 FIRST_TOKENS = "First tokens back %.2f s after the command started"
 SECONDS_TO_END = 10.0  # for a worker to end once its stdin is closed, before it is killed
@@ -150,6 +151,8 @@ class TokenizerWorkers:
                 f"a tokenizing worker process (pid {process.pid}) ended before it answered "
                 f"({ended(process.poll())}): if the system ran out of memory, use fewer workers=..."
             )
+        if kind == REFUSED:
+            raise ConfigError(data.decode(errors="replace"))
         if kind == ERROR:
             raise TokenizerWorkerError(
                 f"a tokenizing worker process failed ({data.decode(errors='replace')}; its "

@@ -10,9 +10,10 @@ killed by the kernel when the command ends in any other way (`die_with_parent`).
 Over its stdin the command sends frames of an 8-byte little-endian length and that many bytes:
 first a JSON object naming the tokenizer's file and the token dtype, then batches of pieces (a
 4-byte count, one 8-byte length per piece, the pieces' UTF-8). For each batch the worker answers
-on its stdout with one byte (TOKENS or ERROR), an 8-byte length and the batch's token ids in that
-dtype, each piece followed by the end-of-text token (or the error's last line, its traceback
-going to stderr). A closed stdin ends it.
+on its stdout with one byte (TOKENS, ERROR or REFUSED), an 8-byte length and the batch's token ids
+in that dtype, each piece followed by the end-of-text token (ERROR: the error's last line, its
+traceback going to stderr; REFUSED: the tokenizer's one line on a text it fails on). A closed
+stdin ends it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from .tokenizer import BPETokenizer, TextTokenizer, load_tokenizer
+from .tokenizer import BPETokenizer, TextTokenizer, TokenizerFailed, load_tokenizer
 
-TOKENS, ERROR = 0, 1
+TOKENS, ERROR, REFUSED = 0, 1, 2  # REFUSED: the tokenizer failed on the text, in one line
 LENGTH = struct.Struct("<Q")
 ANSWER = struct.Struct("<BQ")
 COUNT = struct.Struct("<I")
@@ -82,9 +83,7 @@ def encode(tokenizer: TextTokenizer, pieces: list[str], dtype: str) -> bytes:
     """The pieces' ids as little-endian `dtype`, each piece followed by the end-of-text token:
     what `tokenizer.encode` gives piece by piece, a BPE's in one batch call."""
     if isinstance(tokenizer, BPETokenizer):
-        library = tokenizer.tokenizer
-        batch = getattr(library, "encode_batch_fast", library.encode_batch)  # fast: no offsets
-        ids = [encoding.ids for encoding in batch(pieces, add_special_tokens=False)]
+        ids = tokenizer.encode_batch(pieces)
     else:
         ids = [tokenizer.encode(piece) for piece in pieces]
     tokens = array(TYPECODES[dtype])
@@ -115,6 +114,11 @@ def serve(parent: int) -> None:
             answers.write(ANSWER.pack(TOKENS, len(data)))
             answers.write(data)
             answers.flush()
+    except TokenizerFailed as error:
+        text = str(error).encode(errors="replace")
+        answers.write(ANSWER.pack(REFUSED, len(text)) + text)
+        answers.flush()
+        sys.exit(1)
     except Exception as error:
         traceback.print_exc()  # the whole story, on the command's stderr; the answer says what
         text = traceback.format_exception_only(error)[-1].strip().encode(errors="replace")

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...checkpointing.trained import Trained, text_interface
+from ...errors import ConfigError
 from .batching import Checked, Pending
 from .errors import BadRequest, Stopping, fields, shown, whole_field
 from .settings import Settings, check_temperature
@@ -77,9 +78,11 @@ class Generation:
             raise BadRequest("prompt is empty: give at least one character")
         try:
             prompt.encode("utf-8")
+            return self.encode(prompt)
         except UnicodeEncodeError as error:
             raise BadRequest(f"prompt is not valid Unicode ({error.reason})") from error
-        return self.encode(prompt)
+        except ConfigError as error:  # the tokenizer failed on it
+            raise BadRequest(str(error)) from None
 
     def chat_tokens(self, messages: Any) -> list[int]:
         """A conversation in the template the model was trained on (instruction data only)."""
@@ -93,8 +96,8 @@ class Generation:
             return self.chat(messages)
         except UnicodeEncodeError as error:
             raise BadRequest(f"messages are not valid Unicode ({error.reason})") from error
-        except ValueError as error:
-            raise BadRequest(str(error)) from error
+        except (ValueError, ConfigError) as error:
+            raise BadRequest(str(error)) from None
 
     def groups(self, batch: list[Pending]) -> list[list[Pending]]:
         """Requests that sample alike run together (greedy ones whatever their top_k)."""
