@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from .cruft_update import UpdatedProject, bake_older_then_update
-from .helpers import TEMPLATE
+from .helpers import INNER_DURATIONS, TEMPLATE
 
 Bake = Callable[..., Any]
 
@@ -42,3 +42,9 @@ def cruft_updated(tmp_path_factory: pytest.TempPathFactory) -> UpdatedProject:
     the current template (`tests/cruft_update.py`); shared by the update's own tests and the
     lint, type check and test run of the result."""
     return bake_older_then_update(tmp_path_factory.mktemp("cruft"), **CRUFT_ANSWERS)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for report in INNER_DURATIONS:
+        terminalreporter.write_sep("=", "inside a baked project")
+        terminalreporter.write_line(report.rstrip())

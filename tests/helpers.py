@@ -28,6 +28,10 @@ BINARY_SUFFIXES = {".gz"}
 GITHUB_EXPRESSION = re.compile(r"\$\{\{.*?\}\}")
 
 
+# The slowest tests of each baked project's own run, printed after the outer run's summary.
+INNER_DURATIONS: list[str] = []
+
+
 def answers_with(**overrides: str) -> dict[str, str]:
     """The answers cookiecutter would use: the first choice of each list, then the overrides."""
     answers = {key: value[0] for key, value in CHOICES.items()}
@@ -174,6 +178,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/data/base.py",
         f"{src}/data/daemon_children.py",
         f"{src}/data/errors.py",
+        f"{src}/data/folder_files.py",
         f"{src}/models/__init__.py",
         f"{src}/models/optim.py",
         f"{src}/models/step_logging.py",

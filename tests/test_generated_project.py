@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import CRUFT_ANSWERS, Bake
-from .helpers import run
+from .helpers import INNER_DURATIONS, run
 
 UPDATED_BY_CRUFT = "vision-tensorboard-py310-cruft-updated"
 # The defaults (both examples) run every fast test. The other bakes run the tests whose code or
@@ -109,9 +109,12 @@ def run_tests(
     parallel = ["-p", "xdist", "-n", "2", "--dist", "loadfile"]
     tests = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers,
-         *parallel, *(f"tests/{name}" for name in test_files)],
+         "--durations=12", *parallel, *(f"tests/{name}" for name in test_files)],
         project,
     )  # fmt: skip
+    slowest = tests.stdout.find("slowest 12 durations")
+    if slowest >= 0:  # shown at the end of the outer run (conftest.py), to size the suites
+        INNER_DURATIONS.append(f"{project.name}, -m {markers!r}:\n{tests.stdout[slowest:]}")
     check(tests, "pytest")
     assert " passed" in tests.stdout and " failed" not in tests.stdout
     print(f"{project}, -m {markers!r}: {tests.stdout.strip().splitlines()[-1]}")  # pytest -rP

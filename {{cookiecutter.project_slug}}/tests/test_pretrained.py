@@ -8,6 +8,7 @@ trained here."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sysconfig
@@ -354,6 +355,12 @@ def damaged(pretrained: Pretrained, folder: Path, change: str) -> Path:
         (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
     if change == "no weights":
         (folder / "model.safetensors").unlink()
+    if change == "weights linked out of the folder":
+        (folder / "model.safetensors").unlink()
+        (folder / "model.safetensors").symlink_to("/etc/passwd")
+    if change == "a config that is a pipe":
+        (folder / "config.json").unlink()
+        os.mkfifo(folder / "config.json")
     return folder
 
 
@@ -370,6 +377,8 @@ def damaged(pretrained: Pretrained, folder: Path, change: str) -> Path:
         ("a missing tensor", ["missing: blocks.1.mlp.fc.weight"]),
         ("NaN weights", ["NaN or infinite", "transformer.wpe.weight"]),
         ("a head of its own", ["lm_head.weight", "ties"]),
+        ("weights linked out of the folder", ["model.safetensors is a link to a file outside"]),
+        ("a config that is a pipe", ["config.json is not a regular file"]),
     ],
 )
 def test_a_folder_that_is_not_a_whole_gpt2_is_refused_in_one_line_before_any_weight_changes(
@@ -384,6 +393,27 @@ def test_a_folder_that_is_not_a_whole_gpt2_is_refused_in_one_line_before_any_wei
     assert len(message.splitlines()) == 1 and f"init_from={folder}" in message, message
     assert all(word in message for word in words), message
     assert all(torch.equal(value, before[name]) for name, value in net.state_dict().items())
+
+
+def test_a_snapshot_of_the_hugging_face_cache_reads_through_its_links(
+    pretrained: Pretrained, tmp_path: Path
+) -> None:
+    """`hf download` without --local-dir leaves snapshots/<revision>/<file> linked into the
+    repository's blobs/: links that stay inside the repository's folder are read."""
+    repository = tmp_path / "hub" / "models--gpt2"
+    snapshot = repository / "snapshots" / "0123abc"
+    (repository / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for file in pretrained.folder.iterdir():
+        blob = repository / "blobs" / f"blob-{file.name}"
+        shutil.copy(file, blob)
+        (snapshot / file.name).symlink_to(Path("../../blobs") / blob.name)
+    net = gpt(pretrained.vocab_size)
+    load_hugging_face(net, snapshot)
+    reference = gpt(pretrained.vocab_size)
+    load_hugging_face(reference, pretrained.folder)
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(),
+                                                  reference.state_dict().values(), strict=True))  # fmt: skip
 
 
 def test_the_fingerprint_of_a_folder_covers_its_model_files_not_the_download_bookkeeping(

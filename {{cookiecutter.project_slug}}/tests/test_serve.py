@@ -12,6 +12,9 @@ import base64
 {%- if cookiecutter.examples != "vision" %}
 import contextlib
 {%- endif %}
+{%- if cookiecutter.examples != "language" %}
+import io
+{%- endif %}
 import json
 import os
 import re
@@ -521,6 +524,26 @@ def test_images_get_the_models_top_classes_batched(
     assert len(response.json()["classes"]) == 3, "top_k_classes when the request does not say"
 
 
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n0 0 moveto 8 8 lineto stroke\nshowpage\n"
+
+
+def test_image_files_are_opened_only_as_the_formats_the_models_train_on() -> None:
+    """Pillow alone takes EPS for PostScript (which it runs Ghostscript on); the project's
+    reader never tries that plugin."""
+    from PIL import Image, UnidentifiedImageError
+
+    from {{ cookiecutter.package_name }}.data.image_files import (
+        open_image,
+    )
+
+    with Image.open(io.BytesIO(EPS)) as image:
+        assert image.format == "EPS"
+    with pytest.raises(UnidentifiedImageError):
+        open_image(io.BytesIO(EPS))
+    with open_image(io.BytesIO(png_claiming(2, 3))) as image:
+        assert image.format == "PNG" and image.size == (2, 3)
+
+
 def test_bad_images_get_a_4xx_and_one_json_line(digits_server: Server, tmp_path: Path) -> None:
     url = f"{digits_server.url}/classify"
     bomb = base64.b64encode(png_claiming(5000, 5000)).decode()
@@ -531,9 +554,15 @@ def test_bad_images_get_a_4xx_and_one_json_line(digits_server: Server, tmp_path:
         ({"image": 5}, 400, ("image must be a string",)),
         ({"picture": "x"}, 400, ("unknown field(s) picture",)),
         ({"image": base64.b64encode(png_claiming(1, 1)).decode(), "top_k": 0}, 400, ("top_k=0",)),
+        # Past twice Pillow's pixel limit, Pillow itself refuses: still 413.
+        ({"image": base64.b64encode(png_claiming(30_000, 30_000)).decode()}, 413, ("too large",)),
+        # PostScript is no format the server opens (Pillow would run Ghostscript on it).
+        ({"image": base64.b64encode(EPS).decode()}, 400, ("does not decode",)),
     ]
     for body, status, words in cases:
-        one_line_error(httpx.post(url, json=body, timeout=60), status, *words)
+        response = httpx.post(url, json=body, timeout=60)
+        one_line_error(response, status, *words)
+        assert not re.search(r"0x[0-9a-f]{6}", response.text), "no memory address in an answer"
     one_line_error(httpx.post(f"{digits_server.url}/generate", json={}), 404, "POST /classify")
 {%- endif %}
 

@@ -5,6 +5,7 @@ kill, one line for each bad input (before the corpus is read), and nothing but t
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -391,6 +392,54 @@ def first_shard(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def copy_of(prepared: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(prepared, tmp_path / "copy"))
+
+
+def test_a_shard_folder_is_read_only_inside_itself(prepared: Path, tmp_path: Path) -> None:
+    """A shard or tokenizer that links out of the folder, however right its recorded size and
+    SHA-256, and a shard that is a pipe, are refused before they are opened."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    linked = copy_of(prepared, tmp_path / "linked")
+    shard = linked / first_shard(read_manifest(linked))["file"]
+    shard.rename(outside / shard.name)
+    shard.symlink_to(outside / shard.name)
+    with pytest.raises(ConfigError, match=rf"{shard.name} is a link to a file outside the folder"):
+        TokenShardDataModule(str(linked), vocab_size=300).setup("fit")
+
+    tokenizer = copy_of(prepared, tmp_path / "tokenizer")
+    (tokenizer / "tokenizer.json").rename(outside / "tokenizer.json")
+    (tokenizer / "tokenizer.json").symlink_to(outside / "tokenizer.json")
+    with pytest.raises(ConfigError, match=r"tokenizer\.json is a link to a file outside"):
+        TokenShardDataModule(str(tokenizer), vocab_size=300).load_tokenizer()
+
+    piped = copy_of(prepared, tmp_path / "piped")
+    shard = piped / first_shard(read_manifest(piped))["file"]
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(ConfigError, match=rf"{shard.name} is not a regular file"):
+        TokenShardDataModule(str(piped), vocab_size=300).setup("fit")  # opened, it would block
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+def test_token_ids_past_the_vocabulary_are_one_line(
+    prepared: Path, tmp_path: Path, checksums: bool
+) -> None:
+    """A shard from another tokenizer, its manifest right: found by the checksum pass before
+    training, or, without checksums, by the window that holds the id (not an IndexError)."""
+    folder = copy_of(prepared, tmp_path / "other_tokenizer")
+    manifest = read_manifest(folder)
+    record = first_shard(manifest)
+    shard = folder / record["file"]
+    tokens = np.fromfile(shard, dtype=manifest["dtype"])
+    tokens[:] = 299
+    tokens[0] = 299 + 1000
+    tokens.tofile(shard)
+    record["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    data = TokenShardDataModule(str(folder), vocab_size=300, verify_checksums=checksums)
+    with pytest.raises(ConfigError, match=r"token id 1299, past the model's vocabulary of 300"):
+        data.setup("fit")
+        data.splits["train"][0]
 
 
 def test_bad_shard_folders_get_one_line(prepared: Path, tmp_path: Path) -> None:

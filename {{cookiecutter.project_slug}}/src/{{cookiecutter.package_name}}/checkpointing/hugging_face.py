@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..data.folder_files import file_in_folder
 from ..errors import ConfigError
 from ..models.lora import is_adapter
 from ..models.nets.gpt import GPT
@@ -91,6 +92,8 @@ TIED_HEAD = "lm_head.weight"
 def checked_files(folder: Path, key: str) -> tuple[Path, Path]:
     """config.json and model.safetensors, or one error saying what to download."""
     config, weights = folder / HF_CONFIG, folder / HF_WEIGHTS
+    for name in (HF_CONFIG, HF_WEIGHTS):  # a link out, a device or a pipe: refused unopened
+        file_in_folder(folder, name, f"{key}={folder}")
     if not weights.is_file():
         if (folder / HF_PICKLED).exists():
             raise ConfigError(

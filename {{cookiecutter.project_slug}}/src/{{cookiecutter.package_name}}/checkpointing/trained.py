@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from ..errors import PACKAGE, ConfigError
 from ..files import absolute
 from ..models.lora import is_adapter
+from ..run.checks import check_vocabulary
 from ..run.steps import build_model_and_data
 from ..targets import build, plain, stored_config
 from .door import (
@@ -112,6 +113,7 @@ def rebuild(
         model, datamodule = build_model_and_data(
             merged_model, merged_data, f"ckpt_path={ckpt_path}"
         )
+    check_vocabulary(datamodule, getattr(model, "net", None))  # the data given may be other
     data_state = checkpoint.get(type(datamodule).__qualname__)  # where Lightning stores it
     if isinstance(data_state, dict):
         datamodule.load_state_dict(data_state)  # e.g. an image folder's class names

@@ -1,9 +1,10 @@
-"""Image files (PNG, JPEG and whatever else Pillow reads) as the uint8 tensors the vision data
-modules train on: one channel, resized to the data set's image size."""
+"""Image files (PNG, JPEG, BMP, GIF, WebP, TIFF) as the uint8 tensors the vision data modules
+train on: one channel, resized to the data set's image size."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -12,6 +13,14 @@ from PIL.Image import DecompressionBombError
 from .errors import ConfigError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# The only formats Pillow may try: no PostScript (EPS runs Ghostscript where it is installed), nor
+# any other plugin that a file's first bytes could pick.
+IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "WEBP", "TIFF")
+
+
+def open_image(file: str | Path | IO[bytes]) -> Image.Image:
+    """Pillow's lazy image of `file`, tried only as one of IMAGE_FORMATS."""
+    return Image.open(file, formats=IMAGE_FORMATS)
 
 
 def image_paths(inputs: list[str]) -> list[Path]:
@@ -44,7 +53,7 @@ def read_gray_images(paths: list[Path], height: int, width: int) -> torch.Tensor
     images = []
     for path in paths:
         try:
-            with Image.open(path) as image:
+            with open_image(path) as image:
                 small = image.convert("L").resize((width, height), Image.Resampling.LANCZOS)
         except (
             OSError,

@@ -40,7 +40,7 @@ from torch.utils.data import Dataset, Sampler
 
 from .base import ResumableSampler, SplitDataModule, check_fractions, split_indices
 from .errors import ConfigError
-from .image_files import SUFFIXES
+from .image_files import SUFFIXES, open_image
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def reason(error: Exception) -> str:
 
 def read_image(path: str | Path, size: int, channels: int) -> torch.Tensor:
     """(channels, size, size) uint8: turned as its EXIF data says, grey ("L") or RGB, resized."""
-    with Image.open(path) as opened:
+    with open_image(path) as opened:
         image = ImageOps.exif_transpose(opened)
     if "transparency" in image.info:
         image = image.convert("RGBA")  # palette transparency: converting it directly warns
@@ -365,7 +365,7 @@ class ImageFolderDataModule(SplitDataModule):
         started = time.perf_counter()
         for path in self.paths:
             try:
-                with Image.open(path) as image:
+                with open_image(path) as image:
                     image.verify()
             except Exception as error:  # Pillow raises OSError, SyntaxError, ValueError, ...
                 raise ConfigError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch.utils.data import Dataset, Sampler
 
 from .base import SplitDataModule, shuffle_seed
 from .errors import ConfigError
+from .folder_files import file_in_folder
 from .shard_format import (
     MANIFEST,
     SPLITS,
@@ -28,15 +30,28 @@ from .shard_format import (
     read_manifest,
 )
 from .streaming import PageOrderSampler, ShardFolder, StreamedWindows, is_url, spans
-from .tokenizer import TextTokenizer, tokenizer_from_json
+from .tokenizer import TextTokenizer, read_tokenizer_text, tokenizer_from_json
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, dtype: str, vocab_size: int) -> str:
+    """The file's SHA-256; in the same pass, its token ids are checked against the vocabulary."""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
-        while chunk := file.read(1 << 24):
+        while chunk := file.read(1 << 24):  # a multiple of every token size
             digest.update(chunk)
+            check_token_ids(np.frombuffer(chunk, dtype=dtype), vocab_size, path.name)
     return digest.hexdigest()
+
+
+def check_token_ids(tokens: np.ndarray[Any, Any], vocab_size: int, shard: str) -> None:
+    """Token ids past the model's vocabulary would index past its embedding (a device-side
+    assert on a GPU): refused in one line before they reach it."""
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        raise ConfigError(
+            f"token shard {shard} holds token id {int(tokens.max())}, past the model's vocabulary "
+            f"of {vocab_size} (data.vocab_size): it was prepared with another tokenizer; prepare "
+            "it again, or raise data.vocab_size."
+        )
 
 
 def check_shards(
@@ -65,16 +80,20 @@ def check_shards(
                 )
 
 
-def local_size(path: Path) -> int | None:
-    return path.stat().st_size if path.is_file() else None
+def local_size(folder: Path, name: str) -> int | None:
+    path = file_in_folder(folder, name, f"the token shards in {folder}")
+    return None if path is None else path.stat().st_size
 
 
 class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Item i: tokens [i*block, (i+1)*block] of the split's shards, read as one stream, as input
     and the same shifted by one as target. The maps open on first use, in each worker."""
 
-    def __init__(self, paths: list[Path], counts: list[int], dtype: str, block_size: int) -> None:
+    def __init__(
+        self, paths: list[Path], counts: list[int], dtype: str, block_size: int, vocab_size: int
+    ) -> None:
         self.paths, self.dtype, self.block_size = paths, dtype, block_size
+        self.vocab_size = vocab_size
         self.starts = np.cumsum([0, *counts])
         self.maps: list[np.memmap[Any, Any]] | None = None
 
@@ -95,7 +114,9 @@ class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = index * self.block_size
-        window = torch.from_numpy(self.read(start, start + self.block_size + 1).astype(np.int64))
+        tokens = self.read(start, start + self.block_size + 1)
+        check_token_ids(tokens, self.vocab_size, "of this split")  # unchecked, without checksums
+        window = torch.from_numpy(tokens.astype(np.int64))
         return window[:-1], window[1:]
 
 
@@ -152,15 +173,13 @@ class TokenShardDataModule(SplitDataModule):
     def load_splits(self) -> dict[str, Dataset[Any]]:
         """A URL's shards are checked by size only: their checksums would mean reading them all."""
         if self.remote is None:
-            folder = self.folder
+            folder, dtype = self.folder, self.manifest["dtype"]
             checksum_of = (
-                (lambda name: file_sha256(folder / name))
+                (lambda name: file_sha256(folder / name, dtype, self.vocab_size))
                 if self.hparams["verify_checksums"]
                 else None
             )
-            check_shards(
-                str(folder), self.manifest, lambda name: local_size(folder / name), checksum_of
-            )
+            check_shards(str(folder), self.manifest, partial(local_size, folder), checksum_of)
         else:
             check_shards(self.remote.url, self.manifest, self.remote.size, None)
         self.load_tokenizer()  # predict and eval need it: a run must not train without it
@@ -178,7 +197,7 @@ class TokenShardDataModule(SplitDataModule):
             dtype = self.manifest["dtype"]
             if self.remote is None:
                 paths = [self.folder / shard["file"] for shard in shards]
-                splits[split] = TokenWindows(paths, counts, dtype, block)
+                splits[split] = TokenWindows(paths, counts, dtype, block, self.vocab_size)
             else:
                 urls = [self.remote.file_url(shard["file"]) for shard in shards]
                 read_bytes = int(self.hparams["read_mb"] * 2**20)
@@ -218,13 +237,14 @@ class TokenShardDataModule(SplitDataModule):
 
     def load_tokenizer(self) -> TextTokenizer:
         if self.tokenizer is None:
-            local = self.folder / TOKENIZER
             try:
+                where = f"data.path={self.folder}"
+                local = None if self.remote else file_in_folder(self.folder, TOKENIZER, where)
                 text = (
                     self.remote.read_text(TOKENIZER) if self.remote
-                    else local.read_text() if local.is_file() else None
+                    else read_tokenizer_text(local) if local else None
                 )  # fmt: skip
-            except (OSError, UnicodeDecodeError) as error:
+            except (OSError, ValueError) as error:
                 reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
                 raise ConfigError(
                     f"{self.where(TOKENIZER)} cannot be read ({reason}): prepare the folder again."

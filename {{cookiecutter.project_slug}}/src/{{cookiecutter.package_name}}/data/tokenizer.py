@@ -114,7 +114,19 @@ def load_tokenizer(path: Path, end_token: str = END_OF_TEXT) -> TextTokenizer:
     """A tokenizer that `save` wrote, or a pretrained model's `tokenizer.json` (JSON either way:
     nothing in it runs), whose `end_token` ends a document (or a chat's turn). Raises ValueError
     (or OSError) naming what is wrong."""
-    return tokenizer_from_json(path.read_text(encoding="utf-8"), end_token)
+    return tokenizer_from_json(read_tokenizer_text(path), end_token)
+
+
+TOKENIZER_LIMIT = 64 << 20  # bytes: Llama 3's tokenizer.json is 9 MB, Gemma 3's 33 MB
+
+
+def read_tokenizer_text(path: Path) -> str:
+    """A tokenizer.json's text, refused (ValueError) past TOKENIZER_LIMIT before it is read."""
+    with path.open("rb") as file:
+        data = file.read(TOKENIZER_LIMIT + 1)
+    if len(data) > TOKENIZER_LIMIT:
+        raise ValueError(f"it is larger than {TOKENIZER_LIMIT >> 20} MiB, which no tokenizer is")
+    return data.decode("utf-8")
 
 
 def tokenizer_file(

@@ -1,7 +1,8 @@
 """Hugging Face model folders: values only, never their pickles. `config.json` is read as JSON and
 checked against the fields its reader expects, `model.safetensors` as safetensors (a JSON header,
 then raw tensor bytes); neither format can name code, and the pickled weights
-(`pytorch_model.bin`) are never read."""
+(`pytorch_model.bin`) are never read. Each file is read only as a regular file of the folder
+(`data/folder_files.py`: no link out of it, no device or pipe)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ...data.folder_files import file_in_folder
 from ...errors import ConfigError
 from .shard_metadata import is_sharded
 from .single_file import first_line, non_finite_tensors
@@ -54,7 +56,8 @@ def hugging_face_files(folder: Path) -> list[Path]:
         # A damaged index is the reader's to report; the fingerprint is then the index's.
         with contextlib.suppress(ConfigError):
             names += sorted(set(shard_names(folder, "init_from").values()))
-    return [folder / name for name in names if (folder / name).is_file()]
+    found = (file_in_folder(folder, name, f"init_from={folder}") for name in names)
+    return [path for path in found if path is not None]
 
 
 def shard_names(folder: Path, key: str) -> dict[str, str]:
@@ -117,7 +120,8 @@ def read_json_fields(
     keys are kept as they are, unread."""
     where = f"{key}={path.parent}: its {path.name}"
     try:
-        with path.open("rb") as file:
+        inside = file_in_folder(path.parent, path.name, f"{key}={path.parent}")
+        with (inside or path).open("rb") as file:  # a missing one: the OSError's words
             data = file.read(JSON_LIMIT + 1)
     except OSError as error:
         raise ConfigError(f"{where} cannot be read ({error.strerror or error}).") from error
@@ -163,8 +167,9 @@ def read_safetensors(path: Path, key: str) -> dict[str, torch.Tensor]:
             f"{where} needs the safetensors package: pip install safetensors (or the project's "
             "`pretrained` extra)."
         ) from error
+    inside = file_in_folder(path.parent, path.name, f"{key}={path.parent}")
     try:
-        tensors = load_file(path, device="cpu")
+        tensors = load_file(inside or path, device="cpu")
     except Exception as error:  # safetensors raises its own SafetensorError, among others
         raise ConfigError(
             f"{where} is not a readable safetensors file ({first_line(error)}): it may be "

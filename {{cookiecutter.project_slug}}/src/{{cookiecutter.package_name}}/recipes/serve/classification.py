@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ...checkpointing.trained import Trained
+from ...data.image_files import open_image
 from ...errors import ConfigError
 from .batching import Checked, Pending
 from .errors import BadRequest, fields, whole_field
@@ -18,10 +19,13 @@ from .settings import Settings
 
 
 class RequestImage(io.BytesIO):
-    """An uploaded image file, named so in the data module's messages."""
+    """An uploaded image file, named so in the data module's and Pillow's messages (never by its
+    memory address)."""
 
     def __str__(self) -> str:
         return "the image"
+
+    __repr__ = __str__
 
 
 class Classification:
@@ -48,11 +52,13 @@ class Classification:
         except (binascii.Error, ValueError) as error:
             raise BadRequest(f"image is not base64 ({error})") from error
         top_k = whole_field(body, "top_k", self.settings.top_k_classes, 1, None)
-        from PIL import Image
+        from PIL.Image import DecompressionBombError
 
         try:
-            with Image.open(io.BytesIO(data)) as opened:
+            with open_image(RequestImage(data)) as opened:
                 width, height = opened.size
+        except DecompressionBombError as error:  # past twice Pillow's own pixel limit
+            raise BadRequest(f"image is too large to decode ({error})", 413) from error
         except Exception as error:  # Pillow raises OSError, SyntaxError, ValueError, ...
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise BadRequest(
