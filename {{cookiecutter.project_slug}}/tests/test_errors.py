@@ -168,7 +168,9 @@ def write_checkpoints_of_this_model(folder: Path, run_dir: Path) -> None:
     model = {**stored["model"], "net": net}
     partial = {**stored, "model": model}
     torch.save({"state_dict": weights, "run_config": partial}, folder / "partial_net.ckpt")
-    huge_net = {**stored["model"]["net"], "channels": [32, 2_000_000_000]}
+    net = stored["model"]["net"]
+    claim = {"channels": [32, 2_000_000_000]} if "channels" in net else {"n_embd": 2**24}
+    huge_net = {**net, **claim}
     huge = {**stored, "model": dict(stored["model"], net=huge_net)}
     torch.save({"state_dict": weights, "run_config": huge}, folder / "huge_claim.ckpt")
     swapped = {**stored, "model": stored["data"], "data": stored["model"]}

@@ -462,3 +462,27 @@ def test_the_readme_flow_on_a_llama_family_folder_fine_tune_serve_ask(tmp_path: 
         assert response.json()["finish_reason"] == ("end" if ended else "length")
     finally:
         assert server.stop() == 0
+
+
+def test_the_llama_trains_under_fsdp2_and_eval_reads_its_shards(tmp_path: Path) -> None:
+    """strategy=model_parallel on two gloo processes: each block of the Llama sharded by FSDP2,
+    the last checkpoint a folder of shards, which eval reads back."""
+    result = run_cli(
+        "-m", PACKAGE, *QUIET, "experiment=language_llama", "model.net.n_layer=2",
+        "data.max_bytes=200000", "trainer.max_steps=4", "trainer.val_check_interval=4",
+        "trainer.limit_val_batches=2", "trainer.limit_test_batches=2", "run_name=fsdp",
+        "strategy=model_parallel", "trainer.strategy.data_parallel_size=2", "trainer.devices=2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = tmp_path / "logs" / "train" / "runs" / "fsdp" / "checkpoints" / "last.ckpt"
+    assert last.is_dir() and sorted(path.name for path in last.glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp",
+    ], "each rank wrote its shard"  # fmt: skip
+    evaluated = run_cli(
+        "-c", f"from {PACKAGE}.cli import evaluate; evaluate()", f"ckpt_path={last}",
+        "trainer=cpu", "logger=csv", "extras.print_config=false", "trainer.limit_test_batches=2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "test/loss=" in evaluated.stdout + evaluated.stderr

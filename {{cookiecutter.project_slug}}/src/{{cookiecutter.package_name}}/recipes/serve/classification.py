@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from ...checkpointing.trained import Trained
-from ...data.image_files import open_image
 from ...errors import ConfigError
 from .batching import Checked, Pending
 from .errors import BadRequest, fields, whole_field
@@ -53,6 +52,8 @@ class Classification:
             raise BadRequest(f"image is not base64 ({error})") from error
         top_k = whole_field(body, "top_k", self.settings.top_k_classes, 1, None)
         from PIL.Image import DecompressionBombError
+
+        from ...data.image_files import open_image  # vision bakes only hold it
 
         try:
             with open_image(RequestImage(data)) as opened:
