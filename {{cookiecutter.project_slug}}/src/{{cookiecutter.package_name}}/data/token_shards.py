@@ -90,7 +90,12 @@ class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     and the same shifted by one as target. The maps open on first use, in each worker."""
 
     def __init__(
-        self, paths: list[Path], counts: list[int], dtype: str, block_size: int, vocab_size: int
+        self,
+        paths: list[Path],
+        counts: list[int],
+        dtype: str,
+        block_size: int,
+        vocab_size: int | None,  # None: the checksum pass checked every id already
     ) -> None:
         self.paths, self.dtype, self.block_size = paths, dtype, block_size
         self.vocab_size = vocab_size
@@ -115,7 +120,8 @@ class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = index * self.block_size
         tokens = self.read(start, start + self.block_size + 1)
-        check_token_ids(tokens, self.vocab_size, "of this split")  # unchecked, without checksums
+        if self.vocab_size is not None:
+            check_token_ids(tokens, self.vocab_size, "of this split")
         window = torch.from_numpy(tokens.astype(np.int64))
         return window[:-1], window[1:]
 
@@ -197,7 +203,8 @@ class TokenShardDataModule(SplitDataModule):
             dtype = self.manifest["dtype"]
             if self.remote is None:
                 paths = [self.folder / shard["file"] for shard in shards]
-                splits[split] = TokenWindows(paths, counts, dtype, block, self.vocab_size)
+                unchecked = None if self.hparams["verify_checksums"] else self.vocab_size
+                splits[split] = TokenWindows(paths, counts, dtype, block, unchecked)
             else:
                 urls = [self.remote.file_url(shard["file"]) for shard in shards]
                 read_bytes = int(self.hparams["read_mb"] * 2**20)
