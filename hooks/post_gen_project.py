@@ -63,6 +63,7 @@ LANGUAGE_FILES = [
     PACKAGE / "models" / "losses.py",
     PACKAGE / "recipes" / "bench" / "peer.py",
     Path("tests") / "test_chunked_loss.py",
+    Path("tests") / "test_compiled_decode.py",
     CONFIGS / "data" / "stdlib_text.yaml",
     CONFIGS / "model" / "gpt_tiny.yaml",
     CONFIGS / "model" / "gpt2_small.yaml",

@@ -5,6 +5,10 @@
 #                              # whose timeout_s is at least 60 more (start-up before the script)
 #   figures.sh gpt2|large|rest # one part
 #   figures.sh check [SECONDS] # the project's GPU tests, then GPT-2 small's bf16 bench
+#   figures.sh decode|lease [SECONDS]  # generation against transformers (dynamic and static
+#                              # cache), GPT-2 small, batches 1 and 8; lease: that, then the peer
+#                              # rows, then the decode and language GPU tests, in one call
+#   BATCHES="1 8" figures.sh decode, CHUNKS="2048 512" figures.sh chunks [SECONDS]: those only
 #   figures.sh peer [SECONDS]  # ours against the nanoGPT-style peer (bench.peer) in the same
 #                              # process: GPT-2 small at vocabularies 50304 (batch 32) and 256
 #                              # (batch 64), a GPT at 128256 (batch 16), then GPT-2 small at 50304
@@ -69,15 +73,17 @@ bench() {  # bench SECONDS NAME OVERRIDES...: one bench.json, if SECONDS are lef
   summarize
 }
 
-gpu_tests() {  # the log goes straight to $OUT: it comes back even if the call is stopped
+gpu_tests() {  # [FILES...] the log goes straight to $OUT: it comes back even if the call is stopped
   local seconds=$(($(left) - 20))
+  local files=("$@")
+  ((${#files[@]})) || files=(tests/test_fp8.py tests/test_language.py tests/test_scale_out.py tests/test_vision.py)
   if ((seconds < 60)); then
     echo "== gpu tests: skipped, $(left) s left"
     return 0
   fi
   echo "== gpu tests ($seconds s)"
   (cd .gpu/project && timeout -k 10 "$seconds" python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/test_fp8.py tests/test_language.py tests/test_scale_out.py tests/test_vision.py 2>&1) \
+    "${files[@]}" 2>&1) \
     > "$OUT/$part-gpu-tests.log"
   tail -n 15 "$OUT/$part-gpu-tests.log"
 }
@@ -87,6 +93,11 @@ small=(experiment=gpt2_small)
 # warm-up that holds both compilations.
 versus=(experiment=gpt2_small bench.plain=false bench.warmup=5 bench.steps=30)
 large=(experiment=gpt_1b bench.warmup=5 bench.steps=20)
+# Generation at GPT-2 small's real size and vocabulary in bf16 weights: ours cached, ours with the
+# compiled step, transformers with its dynamic and its static (compiled) cache.
+decode=(experiment=gpt2_small model.net.vocab_size=50257 model.compile=false
+  trainer.precision=bf16-true bench.generation=true bench.prompt_tokens=64 bench.new_tokens=128
+  bench.repeats=3)
 medium=(experiment=gpt2_medium bench.warmup=5 bench.steps=20 bench.plain=false)
 stalls=(experiment=gpt2_small strategy=model_parallel trainer.strategy.data_parallel_size=1
   trainer.devices=1 data.batch_size=16 model.compile=false bench.checkpointing=true
@@ -132,6 +143,27 @@ case "$part" in
     bench 60 checkpoints "${stalls[@]}"
     gpu_tests
     bench 60 gpt2_medium-bf16 "${medium[@]}"
+    ;;
+  decode)
+    for batch in ${BATCHES:-1 8}; do
+      bench 150 "decode-b$batch" "${decode[@]}" "bench.batch=$batch"
+    done
+    ;;
+  lease)  # one lease's figures for the round of issue 43, most important first
+    bench 150 decode-b1 "${decode[@]}" bench.batch=1
+    bench 100 gpt2_small-v50304-b32 "${versus[@]}" model.net.vocab_size=50304 data.batch_size=32
+    bench 150 decode-b8 "${decode[@]}" bench.batch=8
+    bench 100 gpt-v128256-b16 "${versus[@]}" model.net.vocab_size=128256 data.batch_size=16
+    bench 60 gpt2_small-v50304-b32-plain-loss "${versus[@]}" model.net.vocab_size=50304 \
+      data.batch_size=32 model.net.loss_chunk_size=null bench.peer=null
+    gpu_tests tests/test_compiled_decode.py tests/test_language.py
+    bench 90 gpt2_small-b64 "${versus[@]}" data.batch_size=64
+    ;;
+  chunks)  # the chunked loss at each of CHUNKS against the peer, GPT-2 small at vocabulary 50304
+    for chunk in ${CHUNKS:-2048 512}; do
+      bench 100 "gpt2_small-v50304-b32-chunk$chunk" "${versus[@]}" model.net.vocab_size=50304 \
+        data.batch_size=32 "model.net.loss_chunk_size=$chunk"
+    done
     ;;
   peer)
     bench 100 gpt2_small-v50304-b32 "${versus[@]}" model.net.vocab_size=50304 data.batch_size=32

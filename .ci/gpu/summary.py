@@ -83,17 +83,45 @@ def checkpoint_rows(path: Path, result: dict) -> list[str]:
     return rows
 
 
+def generation_rows(runs: list[tuple[Path, dict]]) -> list[str]:
+    """Generation: ours (cached, compiled step) against transformers (dynamic, static cache)."""
+    rows = [
+        "| run | device | precision | batch | prompt, new | ours cached | ours compiled "
+        "| transformers dynamic | transformers static | ours/dynamic | ours/static "
+        "| greedy agreement |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path, result in runs:
+        theirs = result.get("transformers") or {}
+        dynamic, static = theirs.get("dynamic", {}), theirs.get("static", {})
+        rows.append(
+            f"| {path.stem} | {result['device']} | {result['precision']} | {result['batch']} "
+            f"| {result['prompt_tokens']}, {result['new_tokens']} "
+            f"| {number(result['kv_cache']['tokens_per_sec'])} "
+            f"| {number(result.get('compiled', {}).get('tokens_per_sec'))} "
+            f"| {number(dynamic.get('tokens_per_sec'))} | {number(static.get('tokens_per_sec'))} "
+            f"| {number(dynamic.get('ours_over_transformers'), 1, 2)} "
+            f"| {number(static.get('ours_over_transformers'), 1, 2)} "
+            f"| {result.get('compiled_greedy_agreement', '-')} |"
+        )
+    return rows
+
+
 def main(out: Path) -> None:
-    runs = []
+    runs, generations = [], []
     for path in sorted(out.glob("*.json")):
         if path.name.endswith(".doctor.json"):
             continue
         result = json.loads(path.read_text())
         if "lightning" in result:
             runs.append((path, result))
+        elif "kv_cache" in result:
+            generations.append((path, result))
         else:
             print(f"\n{path.stem}: {result.get('command', '')}\n")
             print("\n".join(checkpoint_rows(path, result)))
+    if generations:
+        print("\n" + "\n".join(generation_rows(generations)))
     if runs:
         print("\n" + "\n".join(training_rows(runs)))
     compared = [(path, result) for path, result in runs if "net" in result]

@@ -365,13 +365,14 @@ def test_a_tiny_model_learns_the_toy_set_and_answers_held_out_records(tmp_path: 
             answered.append((messages[:first_reply], answer))
     assert len(answered) > len(val_records) / 2, f"{len(answered)} of {len(val_records)} right"
     # The predict command rebuilds the model and its data module from the checkpoint, and
-    # continues the same prompt (as text: it holds no earlier reply) with the same answer.
+    # continues the same prompt (as text: it holds no earlier reply) with the same answer, here
+    # with the compiled decode step (on a GPU by default; asked for on this CPU).
     question, answer = answered[0]
     prompt = ByteTokenizer().decode(chat_prompt(question, ByteTokenizer()))
     result = run_cli(
         "-c", f"from {PACKAGE}.cli import predict; predict()", "trainer=cpu",
         "extras.print_config=false", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
-        f"prompt={prompt}",
+        f"prompt={prompt}", "compile_decode=true",
         "max_new_tokens=8", "temperature=0", "run_name=predicted", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

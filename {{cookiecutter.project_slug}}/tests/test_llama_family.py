@@ -452,7 +452,8 @@ def test_the_readme_flow_on_a_llama_family_folder_fine_tune_serve_ask(tmp_path: 
     reply_ids = reply[0, len(prompt) :].tolist()
     ended = end in reply_ids
     expected = data.tokenizer.decode(reply_ids[: reply_ids.index(end)] if ended else reply_ids)
-    server = Server([f"ckpt_path={last}"], tmp_path / "serve")
+    # The compiled decode step (serve's compile_decode) gives the uncompiled greedy reply.
+    server = Server([f"ckpt_path={last}", "compile_decode=true"], tmp_path / "serve")
     try:
         response = httpx_post(f"{server.url}/generate", {
             "messages": question, "max_new_tokens": 16, "temperature": 0,
@@ -460,6 +461,19 @@ def test_the_readme_flow_on_a_llama_family_folder_fine_tune_serve_ask(tmp_path: 
         assert response.status_code == 200, response.text
         assert response.json()["completion"] == expected
         assert response.json()["finish_reason"] == ("end" if ended else "length")
+        # The same conversation through the OpenAI-compatible route, streamed and not.
+        request = {"model": "chat", "messages": question, "max_tokens": 16, "temperature": 0}
+        response = httpx_post(f"{server.url}/v1/chat/completions", request)
+        assert response.status_code == 200, response.text
+        (choice,) = response.json()["choices"]
+        assert choice["message"] == {"role": "assistant", "content": expected}
+        assert choice["finish_reason"] == ("stop" if ended else "length")
+        streamed = httpx_post(f"{server.url}/v1/chat/completions", {**request, "stream": True})
+        events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+        assert events[-1] == "[DONE]"
+        deltas = [json.loads(event)["choices"][0]["delta"] for event in events[:-1]]
+        assert deltas[0] == {"role": "assistant", "content": ""} and deltas[-1] == {}
+        assert "".join(delta.get("content", "") for delta in deltas) == expected
     finally:
         assert server.stop() == 0
 

@@ -460,6 +460,58 @@ def test_bad_requests_get_a_4xx_and_one_json_line(language_server: Server) -> No
     one_line_error(httpx.get(url), 405, "POST /generate")
     health = httpx.get(f"{language_server.url}/health").json()
     assert health == {"status": "ok", "model": "language"}
+
+
+def test_openais_client_gets_the_models_completions_streamed_or_not(
+    language_server: Server, language_net: GPT
+) -> None:
+    """OpenAI's own Python client, pointed at /v1: a completion, the same streamed (server-sent
+    events adding up to it), the model list, and refusals in OpenAI's error shape."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{language_server.url}/v1", api_key="unused", timeout=120)
+    (listed,) = client.models.list().data
+    assert listed.id == "base"  # the training run's name
+    prompt, count = "def main(", 30
+    completion = client.completions.create(
+        model=listed.id, prompt=prompt, max_tokens=count, temperature=0
+    )
+    (choice,) = completion.choices
+    assert choice.text == greedy(language_net, prompt, count)
+    assert choice.finish_reason == "length" and completion.object == "text_completion"
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (9, count)
+    stream = client.completions.create(
+        model=listed.id, prompt=[prompt], max_tokens=count, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(chunk.choices[0].text for chunk in chunks) == choice.text
+    assert [chunk.choices[0].finish_reason for chunk in chunks][-1] == "length"
+    assert len(chunks) > count / 2, "a chunk a token (a character split over bytes waits)"
+    refusals: list[tuple[dict[str, Any], tuple[str, ...]]] = [
+        ({"n": 2}, ("n=2", "not supported")),
+        ({"top_p": 0.5}, ("top_p=0.5", "not supported")),
+        ({"stop": ["\n"]}, ("stop=", "not supported")),
+        ({"max_tokens": 5000}, ("max_new_tokens=5000", "limit of 2048")),
+        ({"temperature": -1}, ("temperature=-1",)),
+        ({"prompt": ["a", "b"]}, ("one prompt a request",)),
+    ]
+    for fields, words in refusals:
+        request = {"model": "base", "prompt": prompt, "max_tokens": 4, **fields}
+        response = httpx.post(f"{language_server.url}/v1/completions", json=request, timeout=60)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and "\n" not in response.text
+        assert all(word in error["message"] for word in words), error
+    with pytest.raises(openai.BadRequestError, match="not trained on instructions"):
+        client.chat.completions.create(
+            model="base", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    # Fields the client sends at their neutral values pass.
+    neutral = client.completions.create(
+        model="base", prompt=prompt, max_tokens=3, temperature=0, n=1, top_p=1,
+        presence_penalty=0, frequency_penalty=0, user="someone", seed=1,
+    )  # fmt: skip
+    assert neutral.choices[0].text == choice.text[: len(neutral.choices[0].text)]
 {%- endif %}
 {%- if cookiecutter.examples != "language" %}
 

@@ -82,6 +82,7 @@ class Bench:
     prompt_tokens: int = 16
     new_tokens: int = 100
     repeats: int = 3
+    compile_decode: bool | None = None
 {%- if cookiecutter.examples != "vision" %}
     prepare: bool = False
     prepare_overrides: list[str] = field(default_factory=list)
@@ -151,6 +152,7 @@ class Predict(Tested):
     temperature: float = 0.8
     top_k: int | None = 50
     kv_cache: bool = True
+    compile_decode: bool | None = None
     stream: bool = True
     chat: bool = False
 
@@ -180,6 +182,7 @@ class Serve(FromCheckpoint):
     matmul_precision: str | None = "high"
     max_batch_size: int = 16
     batch_timeout: float = 0.01
+    compile_decode: bool = False
     shutdown_timeout: int = 10
     max_new_tokens: int = 200
     temperature: float = 0.8

@@ -288,7 +288,7 @@ def continue_prompts(
     model.generation = {
         "max_new_tokens": int(cfg.max_new_tokens), "temperature": float(cfg.temperature),
         "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": stream,
-        "stop_token": stop_token,
+        "stop_token": stop_token, "compiled": cfg.compile_decode,
     }  # fmt: skip
     if stream:
         sys.stdout.write(prompts[0] + ("\n" if cfg.get("chat") else ""))
@@ -356,7 +356,7 @@ def converse(
         model.generation = {
             "max_new_tokens": int(cfg.max_new_tokens), "temperature": float(cfg.temperature),
             "top_k": cfg.top_k, "kv_cache": bool(cfg.kv_cache), "on_token": stream,
-            "stop_token": text.end_of_text,
+            "stop_token": text.end_of_text, "compiled": cfg.compile_decode,
         }  # fmt: skip
         prompt = [torch.tensor(tokens, dtype=torch.long)]
         trainer.predict(model, dataloaders=DataLoader(prompt, batch_size=1))  # type: ignore[arg-type]

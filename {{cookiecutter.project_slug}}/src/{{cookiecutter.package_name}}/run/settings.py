@@ -82,6 +82,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "test": (),
     "trust_checkpoint": (),
     "kv_cache": (),
+    "compile_decode": (),
     "stream": (),
     "model.compile": (),
     "model.optimizer.fused": (),
@@ -127,6 +128,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "bench.plain": (),
     "bench.find_batch_size": (),
     "bench.generation": (),
+    "bench.compile_decode": (),
     "bench.checkpointing": (),
 }
 

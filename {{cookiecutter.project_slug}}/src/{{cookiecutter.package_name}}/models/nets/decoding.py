@@ -5,7 +5,9 @@ cached and left-padded positions, and sampling (`Decoder.generate`). A network s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,27 +17,85 @@ from torch import nn
 class KVCache:
     """The keys and values of every position seen so far, for each block: with it, generating a
     token runs the network on that one position instead of the whole context. Each block's buffers
-    take the dtype its keys come in (bf16 under autocast)."""
+    take the dtype its keys come in (bf16 under autocast) and hold `block_size` positions: the
+    network's context, or fewer for a generation known to need fewer.
+
+    A compiled decode step (`Decoder.generate(compiled=True)`) needs shapes that do not change
+    from one token to the next: between its steps the cache is `stepping`, and each step writes
+    its one position at `write_at` (a tensor) and attends over the whole buffer, with `step_mask`
+    hiding the positions not written yet and `step_positions` giving each row's position."""
 
     def __init__(self, n_layer: int, block_size: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * n_layer
         self.values: list[torch.Tensor | None] = [None] * n_layer
         self.block_size = block_size
         self.length = 0
+        self.stepping = False
+        self.write_at = torch.zeros(1, dtype=torch.long)
+        self.step_positions = torch.zeros(1, 1, dtype=torch.long)
+        self.step_mask = torch.zeros(1, 1, 1, block_size, dtype=torch.bool)
 
     def extend(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new positions' keys and values; return those of every position so far."""
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Store the new positions' keys and values; return those of every position so far and
+        how many came before the new ones (stepping: the whole buffer, and 0: `step_mask`
+        says what each position sees)."""
         keys, values = self.keys[layer], self.values[layer]
-        if keys is None or values is None:
-            shape = (k.size(0), k.size(1), self.block_size, k.size(3))
+        shape = (k.size(0), k.size(1), self.block_size, k.size(3))
+        if (
+            keys is None
+            or values is None
+            or keys.shape != shape
+            or (keys.dtype, keys.device) != (k.dtype, k.device)
+        ):
             keys = self.keys[layer] = k.new_zeros(shape)
             values = self.values[layer] = v.new_zeros(shape)
-        end = self.length + k.size(2)
-        keys[:, :, self.length : end] = k
-        values[:, :, self.length : end] = v
-        return keys[:, :, :end], values[:, :, :end]
+            # Compiled steps write into these buffers in place, at the same addresses each time
+            # (what CUDA graphs replay).
+            torch._dynamo.mark_static_address(keys)
+            torch._dynamo.mark_static_address(values)
+        if self.stepping:
+            keys.index_copy_(2, self.write_at, k)
+            values.index_copy_(2, self.write_at, v)
+            return keys, values, 0
+        past = self.length
+        end = past + k.size(2)
+        if end > self.block_size:
+            raise ValueError(f"{end} positions exceed the cache's {self.block_size}")
+        keys[:, :, past:end] = k
+        values[:, :, past:end] = v
+        return keys[:, :, :end], values[:, :, :end], past
+
+    def advance(self, seq: int) -> None:
+        """After the network ran on `seq` new positions (a compiled step's caller advances)."""
+        if not self.stepping:
+            self.length += seq
+
+    def restart(self) -> None:
+        """Empty again, its buffers kept (zeroed: what a step masks out must still be finite)."""
+        for buffer in (*self.keys, *self.values):
+            if buffer is not None:
+                buffer.zero_()
+        self.length = 0
+        self.stepping = False
+
+    def prepare_step(self, real: torch.Tensor | None, rows: int) -> None:
+        """Inputs of the next compiled step, which writes position `length`: `real` (rows,
+        length + 1) marks each row's real tokens (left padding), None when every row has them."""
+        device = self.keys[0].device if self.keys and self.keys[0] is not None else None
+        columns = torch.arange(self.block_size, device=device)
+        self.write_at = torch.full((1,), self.length, dtype=torch.long, device=device)
+        if real is None:
+            self.step_positions = self.write_at.expand(rows, 1).contiguous()
+            visible = (columns <= self.length).expand(rows, -1).contiguous()
+        else:
+            counted = real.long().sum(dim=1, keepdim=True)
+            self.step_positions = (counted - 1).clamp(min=0)
+            visible = torch.zeros(rows, self.block_size, dtype=torch.bool, device=device)
+            visible[:, : real.size(1)] = real
+        self.step_mask = visible.reshape(rows, 1, 1, self.block_size)
+        self.stepping = True
 
 
 def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -93,6 +153,8 @@ def positions(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The positions of `idx`'s tokens (after the cached ones) and, for left-padded rows, the
     attention mask that keeps every position from seeing padding."""
+    if cache is not None and cache.stepping:
+        return cache.step_positions, cache.step_mask
     seq = idx.size(1)
     start = cache.length if cache is not None else 0
     if start + seq > block_size:
@@ -123,6 +185,19 @@ class Decoder(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.n_layer, self.block_size)
 
+    def kept_cache(self, positions: int) -> KVCache:
+        """The cache that compiled generation keeps between calls, for `positions` (prompt and
+        new tokens): its buffers stay at the addresses the compiled step's CUDA graphs were
+        recorded with. It holds them rounded up to a multiple of 256 (within the context), so a
+        step attends over no more than it needs and few sizes are compiled."""
+        size = min(self.block_size, -(-positions // 256) * 256)
+        kept: KVCache | None = self.__dict__.get("_kept_cache")
+        if kept is None or kept.block_size != size:
+            kept = self.__dict__["_kept_cache"] = KVCache(self.n_layer, size)
+        else:
+            kept.restart()
+        return kept
+
     @torch.no_grad()
     def generate(
         self,
@@ -135,6 +210,7 @@ class Decoder(nn.Module):
         on_token: Callable[[torch.Tensor], None] | None = None,
         padding_mask: torch.Tensor | None = None,
         stop_token: int | None = None,
+        compiled: bool | None = False,
     ) -> torch.Tensor:
         """Sample `max_new_tokens` continuations of `idx` (batch, seq); temperature 0 takes the
         most likely token. The context is the last `block_size` tokens: with the cache, a full
@@ -144,7 +220,14 @@ class Decoder(nn.Module):
         real tokens, and `max_new_tokens` may be one count for each row: each row gets the tokens
         it gets alone. A row ends after its own count or at `stop_token` (which it keeps); the
         loop ends when every row has, and a row's positions after its end hold `stop_token` (0
-        without one)."""
+        without one).
+
+        `compiled` runs each new token's step compiled, at shapes that never change (the cache's
+        whole buffer, a mask of the positions written): on a GPU as CUDA graphs replayed token
+        after token, without a kernel launch from Python each. The prompt runs uncompiled. None:
+        compiled on a GPU (the first call compiles, for seconds to a minute)."""
+        if compiled is None:
+            compiled = idx.device.type == "cuda"
         rows = idx.size(0)
         counts = (
             [max_new_tokens] * rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -165,13 +248,26 @@ class Decoder(nn.Module):
         ended = limits <= 0
         filler = 0 if stop_token is None else stop_token
         cache = None
+        next_token = idx[:, -1:]
         for step in range(max(counts, default=0)):
             window = None if real is None else real[:, -self.block_size :]
             if not kv_cache:
                 logits = self(idx[:, -self.block_size :], padding_mask=window)
-            elif cache is None or cache.length >= self.block_size:
-                cache = self.new_cache()
+            elif cache is None or cache.length >= cache.block_size:
+                needed = idx.size(1) + max(counts) - step
+                cache = self.kept_cache(needed) if compiled else self.new_cache()
                 logits = self(idx[:, -self.block_size :], cache, window)
+            elif compiled:
+                window = None if real is None else real[:, -(cache.length + 1) :]
+                cache.prepare_step(window, rows)
+                if idx.device.type == "cuda":
+                    # The previous step's logits, read already, may be overwritten by this replay.
+                    torch.compiler.cudagraph_mark_step_begin()
+                # The token sampled last, not a view of `idx`: a view's strides change with
+                # the length, and each change would compile the step again.
+                logits = compiled_step(idx.device.type)(self, next_token, cache)
+                cache.stepping = False
+                cache.advance(1)
             else:
                 window = None if real is None else real[:, -(cache.length + 1) :]
                 logits = self(idx[:, -1:], cache, window)
@@ -215,3 +311,16 @@ def sample(
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def decode_step(net: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    logits: torch.Tensor = net(token, cache)
+    return logits
+
+
+@functools.cache
+def compiled_step(device_type: str) -> Callable[..., Any]:
+    """`decode_step` compiled, once per process and device type: one graph for each network,
+    batch size and dtype (past dynamo's limit of 8, steps run uncompiled, with its warning)."""
+    mode = "reduce-overhead" if device_type == "cuda" else None
+    return torch.compile(decode_step, mode=mode, dynamic=False)

@@ -39,9 +39,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = project(self.qkv, x).split(channels, dim=2)
         shape = (batch, seq, self.n_head, channels // self.n_head)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        past = cache.length if cache is not None else 0
+        past = 0
         if cache is not None:
-            k, v = cache.extend(layer, k, v)
+            k, v, past = cache.extend(layer, k, v)
         y = attend(q, k, v, past, attn_mask, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(batch, seq, channels)
         return self.resid_dropout(project(self.proj, y))
@@ -158,7 +158,7 @@ class GPT(Decoder):
             else:
                 x = block(x, cache, layer, attn_mask)
         if cache is not None:
-            cache.length += seq
+            cache.advance(seq)
         if targets is not None:
             return next_token_loss(self.ln_f(x), self.lm_head, targets, self.loss_chunk_size)
         return project(self.lm_head, self.ln_f(x))

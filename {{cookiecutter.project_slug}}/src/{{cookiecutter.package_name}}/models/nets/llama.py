@@ -120,9 +120,9 @@ class Attention(nn.Module):
         q = rotate(q.transpose(1, 2), cos, sin)
         k = rotate(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        past = cache.length if cache is not None else 0
+        past = 0
         if cache is not None:
-            k, v = cache.extend(layer, k, v)
+            k, v, past = cache.extend(layer, k, v)
         y = attend(q, k, v, past, attn_mask, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(batch, seq, self.n_head * self.head_dim)
         return project(self.o_proj, y)
@@ -276,7 +276,7 @@ class Llama(Decoder):
             else:
                 x = block(x, rope, cache, layer, attn_mask)
         if cache is not None:
-            cache.length += seq
+            cache.advance(seq)
         if targets is not None:
             return next_token_loss(self.norm(x), self.lm_head, targets, self.loss_chunk_size)
         return project(self.lm_head, self.norm(x))

@@ -30,18 +30,35 @@ log = logging.getLogger(__name__)
 
 
 def timed_generation(
-    net: Any, prompt: torch.Tensor, new_tokens: int, kv_cache: bool, dtype: torch.dtype | None
-) -> float:
+    net: Any, prompt: torch.Tensor, new_tokens: int, kv_cache: bool, dtype: torch.dtype | None,
+    compiled: bool = False,
+) -> float:  # fmt: skip
     """Seconds to generate `new_tokens` after `prompt`, the device synchronized at both ends."""
     device = prompt.device
     with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        net.generate(prompt, new_tokens, temperature=1.0, top_k=50, kv_cache=kv_cache)
+        net.generate(
+            prompt, new_tokens, temperature=1.0, top_k=50, kv_cache=kv_cache, compiled=compiled
+        )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+def greedy_agreement(
+    net: Any, prompt: torch.Tensor, new_tokens: int, dtype: torch.dtype | None
+) -> int:
+    """How many of the first new tokens the compiled step and the uncompiled one agree on, in
+    every row, greedily (all of them, unless rounding in the compiled kernels tips a near-tie)."""
+    with torch.autocast(
+        prompt.device.type, dtype=dtype or torch.float32, enabled=dtype is not None
+    ):
+        eager = net.generate(prompt, new_tokens, temperature=0.0)
+        compiled = net.generate(prompt, new_tokens, temperature=0.0, compiled=True)
+    differ = (eager != compiled).any(dim=0)[prompt.size(1) :].nonzero()
+    return int(differ[0]) if len(differ) else new_tokens
 
 
 def hugging_face_twin(net: Any) -> Any | None:
@@ -97,9 +114,12 @@ def hugging_face_twin(net: Any) -> Any | None:
 
 
 def timed_hugging_face(
-    twin: Any, prompt: torch.Tensor, new_tokens: int, dtype: torch.dtype | None
+    twin: Any, prompt: torch.Tensor, new_tokens: int, dtype: torch.dtype | None, cache: str
 ) -> float:
-    """Seconds for transformers' `generate` to sample `new_tokens` as `timed_generation` does."""
+    """Seconds for transformers' `generate` to sample `new_tokens` as `timed_generation` does,
+    with its `cache`: "dynamic" (its default) or "static" (which it compiles, with CUDA graphs,
+    on a GPU)."""
+    static = {"cache_implementation": "static"} if cache == "static" else {}
     device = prompt.device
     with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
         if device.type == "cuda":
@@ -107,7 +127,7 @@ def timed_hugging_face(
         start = time.perf_counter()
         out = twin.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-            do_sample=True, top_k=50, temperature=1.0, use_cache=True, pad_token_id=0,
+            do_sample=True, top_k=50, temperature=1.0, use_cache=True, pad_token_id=0, **static,
         )  # fmt: skip
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -117,32 +137,41 @@ def timed_hugging_face(
 
 def against_hugging_face(
     net: Any, twin: Any, prompt: torch.Tensor, new_tokens: int, repeats: int,
-    dtype: torch.dtype | None,
+    dtype: torch.dtype | None, compiled: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    """Our cached generation and transformers', in `repeats` back-to-back pairs."""
+    """Our cached generation (compiled or not) and transformers' with its dynamic cache and, on a
+    GPU, its static compiled one, in `repeats` back-to-back rounds after warm-ups."""
     import transformers
 
     with torch.autocast(
         prompt.device.type, dtype=dtype or torch.float32, enabled=dtype is not None
     ):
         difference = (twin(prompt).logits.float() - net(prompt).float()).abs().max()
-    timed_hugging_face(twin, prompt, min(8, new_tokens), dtype)  # warm-up
-    pairs = [
-        (timed_generation(net, prompt, new_tokens, True, dtype),
-         timed_hugging_face(twin, prompt, new_tokens, dtype))
+    caches = ["dynamic", "static"] if prompt.device.type == "cuda" else ["dynamic"]
+    for cache in caches:  # warm-ups: the static cache's length, compilation and CUDA graphs
+        for _ in range(1 if cache == "dynamic" else 3):
+            timed_hugging_face(twin, prompt, new_tokens, dtype, cache)
+    rounds = [
+        [timed_generation(net, prompt, new_tokens, True, dtype, compiled)]
+        + [timed_hugging_face(twin, prompt, new_tokens, dtype, cache) for cache in caches]
         for _ in range(repeats)
-    ]  # fmt: skip
-    best = min(theirs for _, theirs in pairs)
-    return {
+    ]
+    results: dict[str, Any] = {
         "version": transformers.__version__,
         "attention": twin.config._attn_implementation,
         "max_logit_difference": float(difference),
-        "seconds": best,
-        "tokens_per_sec": prompt.size(0) * new_tokens / best,
-        "ms_per_token": 1e3 * best / new_tokens,
-        "pairs_s": [list(pair) for pair in pairs],
-        "ours_over_transformers": statistics.median(theirs / ours for ours, theirs in pairs),
+        "ours": "compiled" if compiled else "kv_cache",
+        "rounds_s": rounds,
     }
+    for column, cache in enumerate(caches, start=1):
+        best = min(row[column] for row in rounds)
+        results[cache] = {
+            "seconds": best,
+            "tokens_per_sec": prompt.size(0) * new_tokens / best,
+            "ms_per_token": 1e3 * best / new_tokens,
+            "ours_over_transformers": statistics.median(row[column] / row[0] for row in rounds),
+        }
+    return results
 
 
 def bench_generation(cfg: DictConfig) -> dict[str, Any]:
@@ -178,11 +207,17 @@ def bench_generation(cfg: DictConfig) -> dict[str, Any]:
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
     }  # fmt: skip
     twin = hugging_face_twin(net)
+    setting = settings.get("compile_decode")
+    compiled = device.type == "cuda" if setting is None else bool(setting)
+    paths = [("kv_cache", True, False), ("recompute", False, False)]
+    if compiled:
+        paths.insert(1, ("compiled", True, True))
     with torch.inference_mode():
-        for name, cached in (("kv_cache", True), ("recompute", False)):
-            timed_generation(net, prompt, min(8, new_tokens), cached, autocast)  # warm-up
+        for name, cached, compiling in paths:
+            for _ in range(3 if compiling else 1):  # warm-up: compilation and CUDA graphs
+                timed_generation(net, prompt, min(8, new_tokens), cached, autocast, compiling)
             seconds = [
-                timed_generation(net, prompt, new_tokens, cached, autocast)
+                timed_generation(net, prompt, new_tokens, cached, autocast, compiling)
                 for _ in range(int(settings.repeats))
             ]
             best = min(seconds)
@@ -194,8 +229,15 @@ def bench_generation(cfg: DictConfig) -> dict[str, Any]:
         results["speedup"] = (
             results["kv_cache"]["tokens_per_sec"] / results["recompute"]["tokens_per_sec"]
         )
+        if compiled:
+            results["compiled_speedup"] = (
+                results["compiled"]["tokens_per_sec"] / results["kv_cache"]["tokens_per_sec"]
+            )
+            results["compiled_greedy_agreement"] = greedy_agreement(
+                net, prompt, new_tokens, autocast
+            )
         results["transformers"] = twin and against_hugging_face(
-            net, twin, prompt, new_tokens, int(settings.repeats), autocast
+            net, twin, prompt, new_tokens, int(settings.repeats), autocast, compiled
         )
     results["peak_memory_gib"] = peak_memory_gib(device)
     publish(results, Path(settings.output), report(results))
@@ -208,23 +250,38 @@ def report(results: dict[str, Any]) -> str:
         f"  {results['device']}, {results['precision']}, batch {results['batch']}, "
         f"{results['new_tokens']} new tokens after a prompt of {results['prompt_tokens']}",
     ]
-    for name, label in (("kv_cache", "with the key/value cache"), ("recompute", "recomputing")):
-        figures = results[name]
-        lines.append(
-            f"  {label:<26}{figures['tokens_per_sec']:>12,.1f} tokens/s"
-            f"{figures['ms_per_token']:>10.2f} ms/token"
-        )
+    labels = (("kv_cache", "with the key/value cache"), ("compiled", "cache, compiled step"),
+              ("recompute", "recomputing"))  # fmt: skip
+    for name, label in labels:
+        figures = results.get(name)
+        if figures:
+            lines.append(
+                f"  {label:<30}{figures['tokens_per_sec']:>12,.1f} tokens/s"
+                f"{figures['ms_per_token']:>10.2f} ms/token"
+            )
     lines.append(f"  cache speedup: {results['speedup']:.2f}x")
+    if "compiled_speedup" in results:
+        lines.append(
+            f"  compiled step over the uncompiled: {results['compiled_speedup']:.2f}x; greedy, "
+            f"the same first {results['compiled_greedy_agreement']} of {results['new_tokens']} "
+            "tokens"
+        )
     theirs = results.get("transformers")
     if theirs:
-        label = f"transformers {theirs['version']}"
-        lines.append(
-            f"  {label:<26}{theirs['tokens_per_sec']:>12,.1f} tokens/s"
-            f"{theirs['ms_per_token']:>10.2f} ms/token (generate, cache, {theirs['attention']})"
-        )
-        ratios = ", ".join(f"{theirs_s / ours_s:.2f}" for ours_s, theirs_s in theirs["pairs_s"])
-        lines.append(
-            f"  ours/transformers tokens/s: {theirs['ours_over_transformers']:.2f}x (median of "
-            f"{ratios}); logits differ by at most {theirs['max_logit_difference']:.1e}"
-        )
+        ours = "compiled" if theirs["ours"] == "compiled" else "cached"
+        for column, cache in enumerate(("dynamic", "static"), start=1):
+            if cache not in theirs:
+                continue
+            figures = theirs[cache]
+            label = f"transformers {theirs['version']}, {cache}"
+            lines.append(
+                f"  {label:<30}{figures['tokens_per_sec']:>12,.1f} tokens/s"
+                f"{figures['ms_per_token']:>10.2f} ms/token (generate, {theirs['attention']})"
+            )
+            ratios = ", ".join(f"{row[column] / row[0]:.2f}" for row in theirs["rounds_s"])
+            lines.append(
+                f"  ours ({ours}) / transformers ({cache}), tokens/s: "
+                f"{figures['ours_over_transformers']:.2f}x (median of {ratios})"
+            )
+        lines.append(f"  logits differ by at most {theirs['max_logit_difference']:.1e}")
     return "\n".join(lines)

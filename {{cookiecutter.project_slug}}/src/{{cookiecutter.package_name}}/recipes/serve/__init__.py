@@ -1,7 +1,8 @@
 """The serve recipe: a trained model answering HTTP requests.
 
 Language models continue prompts (`POST /generate`, streamed as NDJSON lines with
-`"stream": true`); image classifiers give the top-k classes of an image (`POST /classify`).
+`"stream": true`, and OpenAI's `POST /v1/completions` and `POST /v1/chat/completions`, streamed as
+server-sent events: openai.py); image classifiers give the top-k classes of an image (`POST /classify`).
 Requests that arrive together run as one batch: prompts of different lengths left-padded, each
 row getting what it gets alone and ending at its own `max_new_tokens` or end-of-text token.
 Each request is checked on its own (a bad one gets a 4xx and one JSON line) before it joins a
@@ -50,6 +51,13 @@ def serve(cfg: DictConfig) -> dict[str, float]:
     return {}
 
 
+def model_name(checkpoint: Path) -> str:
+    """The run's name for a checkpoint in a run's `checkpoints/` folder, else the file's stem."""
+    if checkpoint.parent.name == "checkpoints" and checkpoint.parent.parent.name:
+        return checkpoint.parent.parent.name
+    return checkpoint.stem
+
+
 def serve_checkpoint(
     cfg: DictConfig, settings: Settings, device: torch.device, listener: socket.socket
 ) -> None:
@@ -64,7 +72,8 @@ def serve_checkpoint(
         served = Classification(trained, settings, device)
     log.info("Loaded %s (%s model) on %s", trained.path, served.kind, device)
     config = uvicorn.Config(
-        build_app(served, settings), log_config=None, lifespan="on",
+        build_app(served, settings, model_name(Path(trained.path))), log_config=None,
+        lifespan="on",
         timeout_graceful_shutdown=settings.shutdown_timeout,
     )  # fmt: skip
     server = Server(config)

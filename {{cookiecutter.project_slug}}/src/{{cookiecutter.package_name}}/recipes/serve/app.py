@@ -1,5 +1,6 @@
 """The HTTP routes (Starlette): `POST /generate` or `POST /classify`, `GET /health` and
-`GET /info`; a body read up to its limit and checked, then handed to the batcher."""
+`GET /info`, and for a language model the OpenAI-compatible ones (openai.py); a body read up to
+its limit and checked, then handed to the batcher."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .batching import Batcher, Pending, Served
+from . import openai
+from .batching import Batcher, Checked, Pending, Served
 from .errors import BadRequest, stopped_event
 from .settings import Settings
 
@@ -44,23 +46,33 @@ async def read_json(request: Request, limit: int) -> Any:
         raise BadRequest("the body nests deeper than JSON is read here") from None
 
 
-def build_app(served: Served, settings: Settings) -> Starlette:
+def build_app(served: Served, settings: Settings, name: str = "model") -> Starlette:
+    """The routes of `served`, a model called `name` (in the OpenAI-compatible answers)."""
     batcher = Batcher(served, settings)
+
+    async def parse(body: Any) -> Checked:
+        return await run_in_threadpool(served.parse, body)
+
+    def start(checked: Checked, refuse: Any) -> Pending | Response:
+        pending = Pending(checked.inputs, checked.options, asyncio.get_running_loop())
+        if batcher.stopping.is_set():
+            return refuse(stopped_event()["error"], 503)
+        if not batcher.submit(pending):
+            return refuse(
+                f"{settings.queued_requests} requests are waiting already: send it again later",
+                503,
+            )
+        return pending
 
     async def answer(request: Request) -> Response:
         try:
             body = await read_json(request, settings.request_bytes)
-            checked = await run_in_threadpool(served.parse, body)
+            checked = await parse(body)
         except BadRequest as error:
             return error_response(str(error), error.status)
-        pending = Pending(checked.inputs, checked.options, asyncio.get_running_loop())
-        if batcher.stopping.is_set():
-            return error_response(stopped_event()["error"], 503)
-        if not batcher.submit(pending):
-            return error_response(
-                f"{settings.queued_requests} requests are waiting already: send it again later",
-                503,
-            )
+        pending = start(checked, error_response)
+        if isinstance(pending, Response):
+            return pending
         if pending.options.get("stream"):
             return StreamingResponse(streamed(pending), media_type=STREAM_TYPE)
         event = await pending.final()
@@ -90,11 +102,34 @@ def build_app(served: Served, settings: Settings) -> Starlette:
             **served.info(),
         })  # fmt: skip
 
+    async def submit(checked: Checked) -> Pending | Response:
+        return start(checked, openai.error_response)
+
+    completions = openai.Completions(name, parse, submit)
+
+    def compatible(chat: bool) -> Any:
+        async def route(request: Request) -> Response:
+            try:
+                body = await read_json(request, settings.request_bytes)
+            except BadRequest as error:
+                return openai.error_response(str(error), error.status)
+            return await completions.answer(body, chat)
+
+        return route
+
+    language = served.kind == "language"
+    compatible_routes = [
+        Route("/v1/completions", compatible(chat=False), methods=["POST"]),
+        Route("/v1/chat/completions", compatible(chat=True), methods=["POST"]),
+        Route("/v1/models", completions.models, methods=["GET"]),
+    ]
+
     async def other(request: Request, error: Exception) -> Response:
         status = error.status_code if isinstance(error, HTTPException) else 500
+        also = ", POST /v1/completions, POST /v1/chat/completions" if language else ""
         return error_response(
             f"{request.method} {request.url.path} is not served here: this server has GET "
-            f"/health, GET /info and POST {served.path}",
+            f"/health, GET /info and POST {served.path}{also}",
             status,
         )
 
@@ -111,6 +146,7 @@ def build_app(served: Served, settings: Settings) -> Starlette:
             Route(served.path, answer, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/info", info, methods=["GET"]),
+            *(compatible_routes if language else []),
         ],
         exception_handlers={404: other, 405: other},
         lifespan=lifespan,

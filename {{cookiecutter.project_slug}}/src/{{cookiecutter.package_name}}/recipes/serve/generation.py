@@ -131,7 +131,7 @@ class Generation:
             idx.to(self.device), limits if len(set(limits)) > 1 else limits[0],
             temperature=options["temperature"], top_k=options["top_k"], generator=self.generator,
             on_token=on_token, padding_mask=real.to(self.device) if padded else None,
-            stop_token=self.stop_token,
+            stop_token=self.stop_token, compiled=self.settings.compile_decode,
         )  # fmt: skip
 
     def info(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class Settings:
     most_new_tokens: int
     image_pixels: int
     queued_requests: int
+    compile_decode: bool = False
 
 
 def check_seconds(key: str, value: Any) -> float:
@@ -70,6 +71,7 @@ def check_settings(cfg: DictConfig) -> Settings:
     return Settings(
         host=host.strip(), port=int(cfg.port), max_batch_size=int(cfg.max_batch_size),
         batch_timeout=check_seconds("batch_timeout", cfg.batch_timeout),
+        compile_decode=bool(cfg.compile_decode),
         shutdown_timeout=int(cfg.shutdown_timeout),
         max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
         top_k=None if cfg.top_k is None else int(cfg.top_k),
