@@ -308,6 +308,75 @@ def test_a_padded_batch_gives_each_row_what_it_gives_alone(kv_cache: bool) -> No
     assert stopped[0, idx.size(1) + 2] == stop
 
 
+class Collected:
+    """A request whose events are kept (what the running batch sends an HTTP request)."""
+
+    def __init__(self, prompt: torch.Tensor, count: int, **options: Any) -> None:
+        self.inputs = prompt
+        self.options = {"max_new_tokens": count, "temperature": 0.0, "top_k": None,
+                        "stream": False, **options}  # fmt: skip
+        self.events: list[dict[str, Any]] = []
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_requests_join_and_leave_the_running_batch_and_get_what_they_get_alone(
+    compiled: bool,
+) -> None:
+    """Continuous batching (recipes/serve/continuous.py): requests join between decode steps,
+    each with its own length, count and sampling, and leave at their own end; the greedy ones get
+    the tokens `generate` gives them alone, past the context (16) too. Compiled, every step
+    replays one graph."""
+    from {{ cookiecutter.package_name }}.recipes.serve.continuous import (
+        Rows,
+    )
+    from {{ cookiecutter.package_name }}.recipes.serve.generation import (
+        Continuation,
+    )
+
+    net = tiny_gpt()
+
+    class Generation:  # what the running batch needs of the served model
+        device, stop_token = torch.device("cpu"), None
+        generator = torch.Generator().manual_seed(0)
+
+        def __init__(self) -> None:
+            self.net = net
+
+        def continuation(self, pending: Any) -> Continuation:
+            return Continuation(pending, lambda tokens: bytes(tokens).decode("latin-1"), 1)
+
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=generator) for n in (3, 9, 1, 16, 6, 4)]
+    counts = [20, 5, 12, 1, 30, 8]
+    requests = [Collected(prompt, count) for prompt, count in zip(prompts, counts, strict=True)]
+    sampled = Collected(prompts[0], 10, temperature=0.9, top_k=20)
+    rows = Rows(Generation(), 3, compiled)
+    arrivals = {0: [requests[0], sampled], 2: [requests[1]], 3: [requests[2], requests[3]],
+                7: [requests[4]], 8: [requests[5]]}  # fmt: skip
+    waiting: list[Collected] = []
+    with torch.inference_mode():
+        for step in range(200):
+            waiting += arrivals.get(step, [])
+            while waiting and rows.free:
+                rows.join(waiting.pop(0))  # type: ignore[arg-type]
+            if rows.active:
+                rows.step()
+            elif step > max(arrivals):
+                break
+    assert not waiting and not rows.active
+    for request, prompt, count in zip(requests, prompts, counts, strict=True):
+        alone = net.generate(prompt[None], count, temperature=0)[0, len(prompt) :]
+        (answer,) = request.events
+        assert answer["completion"] == bytes(alone.tolist()).decode("latin-1")
+        assert answer["tokens"] == count and answer["finish_reason"] == "length"
+    assert sampled.events[0]["tokens"] == 10
+    sizes = [request.events[0]["batch_size"] for request in requests]
+    assert max(sizes) == 3 and min(sizes) >= 1, sizes
+
+
 def test_a_padded_forward_gives_each_row_the_logits_it_gives_alone() -> None:
     net = tiny_gpt()
     prompts = [torch.randint(0, 256, (n,)) for n in (4, 11, 1)]
@@ -344,7 +413,7 @@ def language_checkpoint(serving_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def language_server(language_checkpoint: Path, serving_dir: Path) -> Iterator[Server]:
     server = Server(
-        [f"ckpt_path={language_checkpoint}", "batch_timeout=0.2", "limits.request_bytes=4096"],
+        [f"ckpt_path={language_checkpoint}", "limits.request_bytes=4096"],
         serving_dir / "language",
     )
     yield server
@@ -375,6 +444,72 @@ def test_greedy_answers_are_the_models_own(language_server: Server, language_net
         assert answer["tokens"] == count and answer["finish_reason"] == "length"
 
 
+def test_a_request_joins_a_running_generation_and_ends_before_it(
+    language_server: Server, language_net: GPT
+) -> None:
+    """A short request sent while a long one streams runs beside it (it does not wait for the
+    long one to end) and each gets its greedy tokens alone. (The long one runs past the context
+    of 64, where each of its tokens is a refill of the window, run alone.)"""
+    long, short = ("import os\n", 400), ("def f(", 10)
+    url = f"{language_server.url}/generate"
+    ended: dict[str, float] = {}
+    answers: dict[str, dict[str, Any]] = {}
+
+    def stream_long() -> None:
+        pieces = []
+        with httpx.stream("POST", url, timeout=120, json={
+            "prompt": long[0], "max_new_tokens": long[1], "temperature": 0, "stream": True,
+        }) as response:  # fmt: skip
+            for line in response.iter_lines():
+                event = json.loads(line)
+                pieces.append(event.get("text", ""))
+                if len(pieces) == 20:
+                    started.set()
+                if event.get("done"):
+                    answers["long"] = {**event, "completion": "".join(pieces)}
+        ended["long"] = time.monotonic()
+
+    started = threading.Event()
+    thread = threading.Thread(target=stream_long)
+    thread.start()
+    assert started.wait(120), "the long request streams"
+    response = httpx.post(url, timeout=120, json={
+        "prompt": short[0], "max_new_tokens": short[1], "temperature": 0,
+    })  # fmt: skip
+    ended["short"] = time.monotonic()
+    thread.join(120)
+    answers["short"] = response.json()
+    assert ended["short"] < ended["long"], "the short request did not wait for the long one"
+    for name, (prompt, count) in (("long", long), ("short", short)):
+        assert answers[name]["completion"] == greedy(language_net, prompt, count), name
+
+
+def test_the_comparison_with_a_plain_server_runs_and_the_texts_agree(
+    language_checkpoint: Path, tmp_path: Path
+) -> None:
+    """scripts/serve_against_plain.py, as docs/benchmarks.md runs it, on few small requests."""
+    import sys
+
+    from .helpers import PROJECT_ROOT
+
+    output = tmp_path / "figures.json"
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "scripts" / "serve_against_plain.py"),
+         str(language_checkpoint), "--clients", "1", "3", "--per-client", "2",
+         "--new-tokens", "6", "--output", str(output)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(output.read_text())
+    assert [row["clients"] for row in rows] == [1, 3]
+    for row in rows:
+        assert row["same_texts"], row
+        assert row["ratio"] == pytest.approx(
+            row["serve"]["tokens_per_sec"] / row["plain"]["tokens_per_sec"]
+        )
+    assert result.stdout.count("| True |") == 2
+
+
 def test_a_stream_comes_token_by_token_and_adds_up_to_the_answer(language_server: Server) -> None:
     request = {"prompt": "import os\n", "max_new_tokens": 300, "temperature": 0}
     whole = httpx.post(f"{language_server.url}/generate", json=request, timeout=120).json()
@@ -391,9 +526,8 @@ def test_a_stream_comes_token_by_token_and_adds_up_to_the_answer(language_server
     assert done == {"done": True, "tokens": 300, "finish_reason": "length", "batch_size": 1}
     assert "".join(piece["text"] for piece in pieces) == whole["completion"]
     assert len(pieces) >= 200, "one line a token (a character split over bytes waits)"
-    # Buffered, every line would come in one read; streamed, they spread over the generation
-    # (which starts after the server's batch_timeout of 0.2 s).
-    spread, generating = arrivals[-1] - arrivals[0], arrivals[-1] - 0.2
+    # Buffered, every line would come in one read; streamed, they spread over the generation.
+    spread, generating = arrivals[-1] - arrivals[0], arrivals[-1]
     assert spread > generating / 4, f"lines came over {spread:.3f} s of {generating:.3f} s"
 
 
@@ -460,6 +594,9 @@ def test_bad_requests_get_a_4xx_and_one_json_line(language_server: Server) -> No
     one_line_error(httpx.get(url), 405, "POST /generate")
     health = httpx.get(f"{language_server.url}/health").json()
     assert health == {"status": "ok", "model": "language"}
+    info = httpx.get(f"{language_server.url}/info").json()
+    limits = info["limits"]
+    assert (info["batching"], info["context"], limits["request_bytes"]) == ("continuous", 64, 4096)
 
 
 def test_openais_client_gets_the_models_completions_streamed_or_not(

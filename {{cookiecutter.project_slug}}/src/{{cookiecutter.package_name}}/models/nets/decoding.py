@@ -23,7 +23,8 @@ class KVCache:
     A compiled decode step (`Decoder.generate(compiled=True)`) needs shapes that do not change
     from one token to the next: between its steps the cache is `stepping`, and each step writes
     its one position at `write_at` (a tensor) and attends over the whole buffer, with `step_mask`
-    hiding the positions not written yet and `step_positions` giving each row's position."""
+    hiding the positions not written yet and `step_positions` giving each row's position. Rows
+    of their own lengths (continuous batching, `prepare_rows`) write each at its own column."""
 
     def __init__(self, n_layer: int, block_size: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * n_layer
@@ -56,8 +57,13 @@ class KVCache:
             torch._dynamo.mark_static_address(keys)
             torch._dynamo.mark_static_address(values)
         if self.stepping:
-            keys.index_copy_(2, self.write_at, k)
-            values.index_copy_(2, self.write_at, v)
+            if self.write_at.numel() == 1:  # every row at one column
+                keys.index_copy_(2, self.write_at, k)
+                values.index_copy_(2, self.write_at, v)
+            else:  # each row at its own
+                rows = torch.arange(k.size(0), device=k.device)
+                keys[rows, :, self.write_at] = k[:, :, 0]
+                values[rows, :, self.write_at] = v[:, :, 0]
             return keys, values, 0
         past = self.length
         end = past + k.size(2)
@@ -96,6 +102,52 @@ class KVCache:
             visible[:, : real.size(1)] = real
         self.step_mask = visible.reshape(rows, 1, 1, self.block_size)
         self.stepping = True
+
+    def prepare_rows(self, lengths: torch.Tensor) -> None:
+        """Inputs of the next step for rows that each hold their own sequence from column 0:
+        `lengths` (rows,) positions cached so far, where each row's new token goes."""
+        columns = torch.arange(self.block_size, device=lengths.device)
+        self.write_at = lengths
+        self.step_positions = lengths.unsqueeze(1)
+        visible = columns.unsqueeze(0) <= lengths.unsqueeze(1)
+        self.step_mask = visible.reshape(lengths.size(0), 1, 1, self.block_size)
+        self.stepping = True
+
+    def store_row(self, row: int, other: KVCache) -> None:
+        """`other`'s positions (one sequence, run alone) as row `row`'s, from column 0."""
+        for layer, (keys, values) in enumerate(zip(other.keys, other.values, strict=True)):
+            assert keys is not None and values is not None
+            mine = self.keys[layer]
+            if mine is None or (mine.dtype, mine.device) != (keys.dtype, keys.device):
+                raise ValueError("allocate the rows first (allocate_rows)")
+            mine[row, :, : other.length] = keys[0, :, : other.length]
+            self.values[layer][row, :, : other.length] = values[0, :, : other.length]  # type: ignore[index]
+
+    def move_row(self, source: int, target: int) -> None:
+        for buffer in (*self.keys, *self.values):
+            if buffer is not None:
+                buffer[target] = buffer[source]
+
+    def first_rows(self, rows: int) -> KVCache:
+        """A cache over the first `rows` rows of this one's buffers (views: what it writes,
+        this one holds)."""
+        view = KVCache(len(self.keys), self.block_size)
+        view.keys = [None if keys is None else keys[:rows] for keys in self.keys]
+        view.values = [None if values is None else values[:rows] for values in self.values]
+        return view
+
+    def allocate_rows(self, rows: int, like: KVCache) -> None:
+        """Buffers for `rows` sequences of up to `block_size` positions, in `like`'s layout."""
+        for layer, keys in enumerate(like.keys):
+            assert keys is not None
+            shape = (rows, keys.size(1), self.block_size, keys.size(3))
+            mine = self.keys[layer]
+            if mine is not None and mine.shape == shape and mine.dtype == keys.dtype:
+                continue
+            self.keys[layer] = keys.new_zeros(shape)
+            self.values[layer] = keys.new_zeros(shape)
+            torch._dynamo.mark_static_address(self.keys[layer])
+            torch._dynamo.mark_static_address(self.values[layer])
 
 
 def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import openai
-from .batching import Batcher, Checked, Pending, Served
+from .batching import Checked, Pending, Served
 from .errors import BadRequest, stopped_event
 from .settings import Settings
 
@@ -48,7 +48,7 @@ async def read_json(request: Request, limit: int) -> Any:
 
 def build_app(served: Served, settings: Settings, name: str = "model") -> Starlette:
     """The routes of `served`, a model called `name` (in the OpenAI-compatible answers)."""
-    batcher = Batcher(served, settings)
+    batcher = served.scheduler(settings)
 
     async def parse(body: Any) -> Checked:
         return await run_in_threadpool(served.parse, body)
@@ -95,7 +95,7 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
     async def info(request: Request) -> Response:
         return JSONResponse({
             "model": served.kind, "endpoint": f"POST {served.path}",
-            "max_batch_size": settings.max_batch_size, "batch_timeout": settings.batch_timeout,
+            "max_batch_size": settings.max_batch_size,
             "limits": {"request_bytes": settings.request_bytes,
                        "max_new_tokens": settings.most_new_tokens,
                        "image_pixels": settings.image_pixels},

@@ -1,5 +1,7 @@
-"""Requests that arrive together run as one batch: one thread runs the model, taking the checked
-requests that wait and answering each through its own queue of events."""
+"""One thread runs the model, taking the checked requests that wait and answering each through its
+own queue of events: an image classifier's requests that arrive together run as one batch
+(`Batcher`); a language model's join and leave its running batch between decode steps
+(continuous.py)."""
 
 from __future__ import annotations
 
@@ -47,29 +49,32 @@ class Pending:
 
 
 class Served(Protocol):
-    """A model behind the server (`Generation` or `Classification`): it checks a request, groups
-    the requests that can run together, and runs a group."""
+    """A model behind the server (`Generation` or `Classification`): it checks a request and
+    makes the scheduler that runs the checked ones."""
 
     kind: str
     path: str
 
     def parse(self, body: Any) -> Checked: ...
 
-    def groups(self, batch: list[Pending]) -> list[list[Pending]]: ...
-
-    def run(self, group: list[Pending], stopping: threading.Event) -> None: ...
+    def scheduler(self, settings: Settings) -> Scheduler: ...
 
     def info(self) -> dict[str, Any]: ...
 
 
-class Batcher:
-    """One thread runs the model. A request that finds it idle runs at once, with whatever else
-    is already waiting; while it is busy, requests queue, and the next batch waits up to
-    `batch_timeout` after its first for more (up to `max_batch_size`): waiting pays only when
-    requests keep arriving."""
+class Grouped(Protocol):
+    """A model whose requests run in batches: it groups those that can run together and runs a
+    group."""
 
-    def __init__(self, served: Served, settings: Settings) -> None:
-        self.served = served
+    def groups(self, batch: list[Pending]) -> list[list[Pending]]: ...
+
+    def run(self, group: list[Pending], stopping: threading.Event) -> None: ...
+
+
+class Scheduler:
+    """The queue of checked requests and the thread that runs the model on them (`loop`)."""
+
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.waiting: queue.Queue[Pending] = queue.Queue(maxsize=settings.queued_requests)
         self.stopping = threading.Event()
@@ -81,6 +86,31 @@ class Batcher:
         except queue.Full:
             return False
         return True
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+    def answer_the_waiting(self) -> None:
+        """What still waits when the server stops."""
+        while True:
+            try:
+                self.waiting.get_nowait().send(stopped_event())
+            except queue.Empty:
+                return
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+
+
+class Batcher(Scheduler):
+    """A request that finds the model idle runs at once, with whatever else is already waiting;
+    while it is busy, requests queue, and the next batch waits up to `batch_timeout` after its
+    first for more (up to `max_batch_size`): waiting pays only when requests keep arriving."""
+
+    def __init__(self, served: Grouped, settings: Settings) -> None:
+        super().__init__(settings)
+        self.served = served
 
     def next_batch(self) -> list[Pending]:
         try:
@@ -107,11 +137,7 @@ class Batcher:
                 batch = self.next_batch()
                 for group in self.served.groups(batch) if batch else []:
                     self.run(group)
-        while True:  # what still waits when the server stops
-            try:
-                self.waiting.get_nowait().send(stopped_event())
-            except queue.Empty:
-                return
+        self.answer_the_waiting()
 
     def run(self, group: list[Pending]) -> None:
         log.debug("A batch of %d request(s)", len(group))
@@ -127,7 +153,3 @@ class Batcher:
             for pending in group:
                 pending.send({"error": "the model failed on this request (see the server's log)",
                               "status": 500})  # fmt: skip
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=30)

@@ -12,7 +12,7 @@ import torch
 
 from ...checkpointing.trained import Trained
 from ...errors import ConfigError
-from .batching import Checked, Pending
+from .batching import Batcher, Checked, Pending, Scheduler
 from .errors import BadRequest, fields, whole_field
 from .settings import Settings
 
@@ -77,6 +77,9 @@ class Classification:
             raise BadRequest(f"image does not decode: {error}") from error
         return Checked(images, {"top_k": top_k})
 
+    def scheduler(self, settings: Settings) -> Scheduler:
+        return Batcher(self, settings)
+
     def groups(self, batch: list[Pending]) -> list[list[Pending]]:
         return [batch]
 
@@ -99,4 +102,5 @@ class Classification:
 
     def info(self) -> dict[str, Any]:
         defaults = {"top_k": self.settings.top_k_classes}
-        return {"defaults": defaults}
+        return {"batching": "batches", "batch_timeout": self.settings.batch_timeout,
+                "defaults": defaults}  # fmt: skip

@@ -1,11 +1,10 @@
-"""A language model behind the server: prompts (or conversations) in, continuations out, prompts
-of different lengths left-padded in one batch, each row getting what it gets alone and ending at
-its own `max_new_tokens` or end-of-text token."""
+"""A language model behind the server: prompts (or conversations) in, continuations out. The
+requests run in one batch that they join and leave between decode steps (continuous.py), each
+row getting what it gets alone and ending at its own `max_new_tokens` or end-of-text token."""
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +12,11 @@ import torch
 
 from ...checkpointing.trained import Trained, text_interface
 from ...errors import ConfigError
-from .batching import Checked, Pending
-from .errors import BadRequest, Stopping, fields, shown, whole_field
+from .batching import Checked, Pending, Scheduler
+{%- if cookiecutter.examples != "vision" %}
+from .continuous import ContinuousBatcher
+{%- endif %}
+from .errors import BadRequest, fields, shown, whole_field
 from .settings import Settings, check_temperature
 
 
@@ -99,44 +101,20 @@ class Generation:
         except (ValueError, ConfigError) as error:
             raise BadRequest(str(error)) from None
 
-    def groups(self, batch: list[Pending]) -> list[list[Pending]]:
-        """Requests that sample alike run together (greedy ones whatever their top_k)."""
-        groups: dict[tuple[float, int | None], list[Pending]] = {}
-        for pending in batch:
-            temperature = pending.options["temperature"]
-            key = (temperature, pending.options["top_k"] if temperature else None)
-            groups.setdefault(key, []).append(pending)
-        return list(groups.values())
+    def scheduler(self, settings: Settings) -> Scheduler:
+{%- if cookiecutter.examples != "vision" %}
+        return ContinuousBatcher(self, settings)
+{%- else %}
+        raise ConfigError("this project has no language model to serve")
+{%- endif %}
 
-    def run(self, group: list[Pending], stopping: threading.Event) -> None:
-        longest = max(len(pending.inputs) for pending in group)
-        idx = torch.zeros(len(group), longest, dtype=torch.long)
-        real = torch.zeros(len(group), longest, dtype=torch.bool)
-        for row, pending in enumerate(group):
-            idx[row, longest - len(pending.inputs) :] = pending.inputs
-            real[row, longest - len(pending.inputs) :] = True
-        rows = [Continuation(pending, self.decode, len(group)) for pending in group]
-
-        def on_token(tokens: torch.Tensor) -> None:
-            if stopping.is_set():
-                raise Stopping
-            for row, token in zip(rows, tokens[:, 0].tolist(), strict=True):
-                row.take(token, self.stop_token)
-
-        options = group[0].options
-        limits = [row.limit for row in rows]
-        # Rows of one length and one count (a lone request) take generate's plain path.
-        padded = not bool(real.all())
-        self.net.generate(
-            idx.to(self.device), limits if len(set(limits)) > 1 else limits[0],
-            temperature=options["temperature"], top_k=options["top_k"], generator=self.generator,
-            on_token=on_token, padding_mask=real.to(self.device) if padded else None,
-            stop_token=self.stop_token, compiled=self.settings.compile_decode,
-        )  # fmt: skip
+    def continuation(self, pending: Pending) -> Continuation:
+        return Continuation(pending, self.decode, 1)
 
     def info(self) -> dict[str, Any]:
         settings = self.settings
         return {
+            "batching": "continuous", "compile_decode": settings.compile_decode,
             "context": int(self.net.block_size),
             "defaults": {"max_new_tokens": settings.max_new_tokens,
                          "temperature": settings.temperature, "top_k": settings.top_k},
