@@ -50,12 +50,7 @@ class KVCache:
             or keys.shape != shape
             or (keys.dtype, keys.device) != (k.dtype, k.device)
         ):
-            keys = self.keys[layer] = k.new_zeros(shape)
-            values = self.values[layer] = v.new_zeros(shape)
-            # Compiled steps write into these buffers in place, at the same addresses each time
-            # (what CUDA graphs replay).
-            torch._dynamo.mark_static_address(keys)
-            torch._dynamo.mark_static_address(values)
+            keys, values = self.new_buffers(layer, shape, k)
         if self.stepping:
             if self.write_at.numel() == 1:  # every row at one column
                 keys.index_copy_(2, self.write_at, k)
@@ -72,6 +67,17 @@ class KVCache:
         keys[:, :, past:end] = k
         values[:, :, past:end] = v
         return keys[:, :, :end], values[:, :, :end], past
+
+    def new_buffers(
+        self, layer: int, shape: tuple[int, ...], like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = self.keys[layer] = like.new_zeros(shape)
+        values = self.values[layer] = like.new_zeros(shape)
+        # Compiled steps write into these buffers in place, at the same addresses each time
+        # (what CUDA graphs replay).
+        torch._dynamo.mark_static_address(keys)
+        torch._dynamo.mark_static_address(values)
+        return keys, values
 
     def advance(self, seq: int) -> None:
         """After the network ran on `seq` new positions (a compiled step's caller advances)."""
@@ -144,10 +150,7 @@ class KVCache:
             mine = self.keys[layer]
             if mine is not None and mine.shape == shape and mine.dtype == keys.dtype:
                 continue
-            self.keys[layer] = keys.new_zeros(shape)
-            self.values[layer] = keys.new_zeros(shape)
-            torch._dynamo.mark_static_address(self.keys[layer])
-            torch._dynamo.mark_static_address(self.values[layer])
+            self.new_buffers(layer, shape, keys)
 
 
 def project(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
