@@ -43,6 +43,7 @@ VISION_FILES = [
     CONFIGS / "model" / "backbone",
     CONFIGS / "experiment" / "image_folder_pretrained.yaml",
     Path("tests") / "test_backbones.py",
+    Path("tests") / "test_fuzz_vision_doors.py",
 ]
 LANGUAGE_FILES = [
     PACKAGE / "data" / "text.py",

@@ -310,6 +310,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
             f"{configs}/model/backbone/timm.yaml",
             f"{configs}/experiment/image_folder_pretrained.yaml",
             "tests/test_backbones.py",
+            "tests/test_fuzz_vision_doors.py",
             f"{configs}/experiment/image_folder.yaml",
             "tests/test_image_folder.py",
         }

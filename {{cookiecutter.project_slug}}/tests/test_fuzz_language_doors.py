@@ -1,21 +1,15 @@
 """Fuzzing the language example's doors for files a user did not write: instruction JSONL, a
-Hugging Face folder's config.json, model.safetensors and shard index, a tokenizer.json and a
-chat template. Each case is a valid file mutated at random (truncated, bits flipped, bytes
-inserted, a value swapped for a huge, deep, non-UTF-8 or wrongly typed one); whatever the case,
-the door gives a result or the project's one-line ConfigError, never another exception.
-
-Seeded, so a failure names its case; FUZZ_CASES cases a door (`make test` keeps the default,
-`make test-all` runs more)."""
+Hugging Face folder's config.json, model.safetensors and shard index, a tokenizer.json, a chat
+template, and a folder of token shards (its manifest and its shards). Each case is a valid file
+mutated at random (tests/fuzzing.py); whatever the case, the door gives a result or the project's
+one-line ConfigError, never another exception."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -29,69 +23,21 @@ from {{ cookiecutter.package_name }}.data.chat_template import (
 from {{ cookiecutter.package_name }}.data.instructions import (
     InstructionDataModule,
 )
+from {{ cookiecutter.package_name }}.data.token_shards import (
+    MANIFEST,
+    TokenShardDataModule,
+)
 from {{ cookiecutter.package_name }}.data.tokenizer import (
     tokenizer_file,
 )
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.recipes.prepare import (
+    prepare,
+)
 
+from .fuzzing import CASES, door_holds, mutate_bytes, mutated_json_text
 from .test_llama_family import CHATML, CONVERSATION, built, chat_folder, save_family
-
-CASES = int(os.environ.get("FUZZ_CASES", "60"))
-ODD_VALUES: list[Any] = [
-    None, True, -1, 0, 2**64, 1e309, float("nan"), "", "x" * 100_000, [], {}, [[[[]]]],
-    {"role": "user"}, "\ud800",
-]  # fmt: skip
-ODD_TEXT = ["1" * 5000, "[" * 100_000, '"\\ud800"', "NaN", "-Infinity", "1e999999"]
-
-
-def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
-    kind = rng.choice(["truncate", "flip", "insert", "repeat", "odd text"])
-    if kind == "truncate":
-        return data[: rng.randrange(len(data) + 1)]
-    if kind == "flip":
-        flipped = bytearray(data)
-        for _ in range(rng.randint(1, 8)):
-            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
-        return bytes(flipped)
-    at = rng.randrange(len(data) + 1)
-    if kind == "insert":
-        return data[:at] + rng.randbytes(rng.randint(1, 16)) + data[at:]
-    if kind == "repeat":
-        return data[:at] + data[at : at + rng.randint(1, 64)] * rng.randint(2, 50) + data[at:]
-    return data[:at] + rng.choice(ODD_TEXT).encode() + data[at:]
-
-
-def mutate_json(value: Any, rng: random.Random) -> Any:
-    """The same JSON with one value (at any depth) swapped for an odd one, or a key dropped."""
-    if isinstance(value, dict) and value and rng.random() < 0.7:
-        key = rng.choice(list(value))
-        if rng.random() < 0.2:
-            return {k: v for k, v in value.items() if k != key}
-        return {**value, key: mutate_json(value[key], rng)}
-    if isinstance(value, list) and value and rng.random() < 0.7:
-        index = rng.randrange(len(value))
-        return [*value[:index], mutate_json(value[index], rng), *value[index + 1 :]]
-    return rng.choice(ODD_VALUES)
-
-
-def mutated_json_text(value: Any, rng: random.Random) -> bytes:
-    if rng.random() < 0.5:
-        return mutate_bytes(json.dumps(value).encode(), rng)
-    try:
-        return json.dumps(mutate_json(value, rng)).encode("utf-8", "surrogatepass")
-    except ValueError:
-        return b"{}"
-
-
-def door_holds(door: Callable[[], Any], case: str) -> None:
-    """The door returns, or raises one line of ConfigError; anything else fails the test."""
-    try:
-        door()
-    except ConfigError as error:
-        assert "\n" not in str(error), f"{case}: {error}"
-    except Exception as error:  # what this test looks for
-        raise AssertionError(f"{case}: {type(error).__name__}: {error}"[:2000]) from error
-
+from .test_token_shards import PREPARED, prepare_config, write_corpus
 
 RECORDS = [
     {"instruction": "Reverse the word.", "input": "cat", "output": "tac"},
@@ -192,3 +138,43 @@ def test_chat_template(tmp_path: Path) -> None:
                 raise ConfigError(f"line 1: {error}") from None
 
         door_holds(door, f"case {case}")
+
+
+@pytest.fixture(scope="module")
+def shard_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BPE of 300 tokens in shards of 2,000 tokens."""
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
+    folder = tmp_path_factory.mktemp("prepared")
+    prepare(prepare_config(folder, f"source={corpus}", *PREPARED))
+    return folder / "tokens"
+
+
+def read_every_split(folder: Path, verify_checksums: bool) -> None:
+    """What training reads: the manifest, the checks, the tokenizer, and each split's first and
+    last windows."""
+    data = TokenShardDataModule(
+        str(folder), vocab_size=300, block_size=32, verify_checksums=verify_checksums
+    )
+    for split in data.load_splits().values():
+        split[0], split[len(split) - 1]
+
+
+def test_token_shard_folders(shard_folder: Path, tmp_path: Path) -> None:
+    """The manifest mutated as JSON or bytes, or one shard's bytes mutated (truncated, flipped:
+    ids past the vocabulary), read with and without the checksum pass."""
+    folder = Path(shutil.copytree(shard_folder, tmp_path / "tokens"))
+    manifest = json.loads((shard_folder / MANIFEST).read_text())
+    shards = sorted(path.name for path in shard_folder.glob("*.bin"))
+    assert shards, "prepare wrote no .bin shards"
+    rng = random.Random(6)
+    for case in range(CASES):
+        if case % 2:
+            name = MANIFEST
+            (folder / name).write_bytes(mutated_json_text(manifest, rng))
+        else:
+            name = rng.choice(shards)
+            (folder / name).write_bytes(mutate_bytes((shard_folder / name).read_bytes(), rng))
+        verify = case % 4 < 2
+        door_holds(lambda: read_every_split(folder, verify), f"{name} case {case}")  # noqa: B023
+        shutil.copy(shard_folder / name, folder / name)
+    read_every_split(folder, verify_checksums=False)  # the intact folder still reads

@@ -17,6 +17,7 @@ import io
 {%- endif %}
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -46,14 +47,19 @@ from {{ cookiecutter.package_name }}.models.nets.gpt import (
 from {{ cookiecutter.package_name }}.recipes.serve import (
     serve,
 )
+from {{ cookiecutter.package_name }}.recipes.serve.app import (
+    build_app,
+)
 from {{ cookiecutter.package_name }}.recipes.serve.batching import (
     Batcher,
     Pending,
 )
 from {{ cookiecutter.package_name }}.recipes.serve.settings import (
     Settings,
+    check_settings,
 )
 
+from .fuzzing import CASES, mutate_bytes, mutated_json_text
 from .helpers import PACKAGE, compose_config, run_cli
 from .killing import entry_point as entry
 from .killing import signal_group, start
@@ -139,6 +145,54 @@ def rebuilt(ckpt: Path, tmp_path: Path) -> Trained:
     trained = rebuild(cfg.ckpt_path, False, cfg.data, cfg.model)
     trained.model.eval()
     return trained
+
+
+def fuzzed_requests(
+    ckpt: Path, tmp_path: Path, routes: dict[str, list[dict[str, Any]]], seed: int
+) -> int:
+    """Valid bodies for each route, mutated at random (tests/fuzzing.py), sent in this process
+    to the app a server of `ckpt` runs: every answer is a 200 (a stream of JSON lines) or a 4xx
+    whose body is one JSON line, never a 5xx. Returns how many were answered 200."""
+    from starlette.testclient import TestClient
+
+    cfg = compose_config("serve", [f"ckpt_path={ckpt}", "limits.request_bytes=8192"], tmp_path)
+    settings = check_settings(cfg)
+    trained = rebuilt(ckpt, tmp_path / "rebuilt")
+    served: Any
+{%- if cookiecutter.examples != "vision" %}
+    if trained.datamodule.__class__.__name__ != "DigitsDataModule":
+        from {{ cookiecutter.package_name }}.recipes.serve.generation import (
+            Generation,
+        )
+
+        served = Generation(trained, settings, torch.device("cpu"), 0)
+{%- endif %}
+{%- if cookiecutter.examples != "language" %}
+    if trained.datamodule.__class__.__name__ == "DigitsDataModule":
+        from {{ cookiecutter.package_name }}.recipes.serve.classification import (
+            Classification,
+        )
+
+        served = Classification(trained, settings, torch.device("cpu"))
+{%- endif %}
+    rng, answered = random.Random(seed), 0
+    with TestClient(build_app(served, settings), raise_server_exceptions=False) as client:
+        for case in range(CASES):
+            route = rng.choice(list(routes))
+            valid = rng.choice(routes[route])
+            body = (
+                mutated_json_text(valid, rng) if case % 2
+                else mutate_bytes(json.dumps(valid).encode(), rng)
+            )  # fmt: skip
+            response = client.post(route, content=body)
+            what = f"case {case}, {route}: {body[:300]!r} -> {response.status_code} {response.text[:300]}"
+            assert response.status_code in (200, 400, 413), what
+            lines = response.text.splitlines()
+            assert lines and all(json.loads(line) for line in lines), what
+            if response.status_code != 200:
+                assert len(lines) == 1 and "error" in json.loads(lines[0]), what
+            answered += response.status_code == 200
+    return answered
 
 
 async def ask_together(url: str, requests: list[Any]) -> list[tuple[int, list[dict[str, Any]]]]:
@@ -599,6 +653,26 @@ def test_bad_requests_get_a_4xx_and_one_json_line(language_server: Server) -> No
     assert (info["batching"], info["context"], limits["request_bytes"]) == ("continuous", 64, 4096)
 
 
+def test_fuzzed_requests_get_an_answer_or_a_4xx_and_one_json_line(
+    language_checkpoint: Path, tmp_path: Path
+) -> None:
+    routes: dict[str, list[dict[str, Any]]] = {
+        "/generate": [
+            {"prompt": "def f(", "max_new_tokens": 4, "temperature": 0.5, "top_k": 5},
+            {"prompt": "import os", "max_new_tokens": 3, "stream": True},
+        ],
+        "/v1/completions": [
+            {"model": "base", "prompt": "def f(", "max_tokens": 4, "temperature": 0},
+            {"model": "base", "prompt": ["x", "y"], "max_tokens": 2, "stream": True, "seed": 1},
+        ],
+        "/v1/chat/completions": [
+            {"model": "base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ],
+    }
+    answered = fuzzed_requests(language_checkpoint, tmp_path, routes, seed=10)
+    assert answered > 0, "no mutated request was answered: the valid ones are not valid"
+
+
 def test_openais_client_gets_the_models_completions_streamed_or_not(
     language_server: Server, language_net: GPT
 ) -> None:
@@ -731,6 +805,19 @@ def test_image_files_are_opened_only_as_the_formats_the_models_train_on() -> Non
         open_image(io.BytesIO(EPS))
     with open_image(io.BytesIO(png_claiming(2, 3))) as image:
         assert image.format == "PNG" and image.size == (2, 3)
+
+
+def test_fuzzed_image_requests_get_an_answer_or_a_4xx_and_one_json_line(
+    digits_checkpoint: Path, tmp_path: Path
+) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (8, 8), 128).save(buffer, "PNG")
+    image = base64.b64encode(buffer.getvalue()).decode()
+    routes = {"/classify": [{"image": image, "top_k": 3}, {"image": image}]}
+    answered = fuzzed_requests(digits_checkpoint, tmp_path, routes, seed=11)
+    assert answered > 0, "no mutated request was answered: the valid ones are not valid"
 
 
 def test_bad_images_get_a_4xx_and_one_json_line(digits_server: Server, tmp_path: Path) -> None:

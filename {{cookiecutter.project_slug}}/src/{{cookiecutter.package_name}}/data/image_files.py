@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import IO
 
 import torch
-from PIL import Image, UnidentifiedImageError
-from PIL.Image import DecompressionBombError
+from PIL import Image
 
 from .errors import ConfigError
 
@@ -55,14 +54,11 @@ def read_gray_images(paths: list[Path], height: int, width: int) -> torch.Tensor
         try:
             with open_image(path) as image:
                 small = image.convert("L").resize((width, height), Image.Resampling.LANCZOS)
-        except (
-            OSError,
-            UnidentifiedImageError,
-            ValueError,
-            SyntaxError,
-            DecompressionBombError,
-        ) as error:
-            reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+        except Exception as error:  # Pillow's plugins raise OSError, SyntaxError, ValueError, ...
+            reason = (
+                getattr(error, "strerror", None)
+                or (str(error).splitlines() or [type(error).__name__])[0]
+            )
             raise ConfigError(
                 f"cannot read {path} as an image ({reason}): pass PNG or JPEG files."
             ) from error

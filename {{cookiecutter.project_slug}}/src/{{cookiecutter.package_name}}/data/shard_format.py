@@ -17,6 +17,8 @@ MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
 SPLITS = ("train", "val", "test")
+# A manifest lists every shard in a line or so: this is a million shards' worth.
+MANIFEST_BYTES = 64 * 2**20
 
 
 def token_dtype(vocab_size: int) -> np.dtype[Any]:
@@ -31,7 +33,14 @@ def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.is_file():
         raise no_manifest(str(folder), setting)
-    return parse_manifest(path.read_text(), str(path))
+    try:
+        with path.open("rb") as file:
+            data = file.read(MANIFEST_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(
+            f"{path} cannot be read ({error.strerror or error}): check the folder's permissions."
+        ) from None
+    return parse_manifest(data, str(path))
 
 
 def no_manifest(folder: str, setting: str) -> ConfigError:
@@ -41,9 +50,15 @@ def no_manifest(folder: str, setting: str) -> ConfigError:
     )
 
 
-def parse_manifest(text: str, where: str) -> dict[str, Any]:
+def parse_manifest(data: bytes | str, where: str) -> dict[str, Any]:
+    """The manifest's checked values; whatever in it fails the checks or the parser (bytes that
+    are not UTF-8, nesting too deep, a number too long) is one ConfigError."""
     try:
-        manifest = json.loads(text)
+        if len(data) > MANIFEST_BYTES:
+            raise ValueError(f"larger than {MANIFEST_BYTES // 2**20} MiB")
+        manifest = json.loads(data)
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
         if manifest.get("format") != FORMAT or set(manifest["splits"]) != set(SPLITS):
             raise ValueError("unknown format")
         if manifest["dtype"] not in ("<u2", "<u4"):
@@ -52,17 +67,24 @@ def parse_manifest(text: str, where: str) -> dict[str, Any]:
             raise ValueError(
                 f"vocab_size {manifest['vocab_size']!r} is not a whole number from 1 to 2**32"
             )
+        bits = manifest["unigram_bits_per_token"]
+        if not (isinstance(bits, (int, float)) and 0 <= bits < math.inf):
+            raise ValueError(f"unigram_bits_per_token {bits!r} is not a number of bits")
         for split in SPLITS:
-            for shard in manifest["splits"][split]["shards"]:
+            counts = manifest["splits"][split]
+            if not all(whole(counts[key], 0) for key in ("tokens", "bytes")):
+                raise ValueError(f"the {split} split has no whole counts of tokens and bytes")
+            for shard in counts["shards"]:
                 if Path(shard["file"]).name != shard["file"] or shard["file"] in ("", ".", ".."):
                     raise ValueError(f"shard {shard['file']!r} is not a file in the folder")
                 if not whole(shard["tokens"], 0) or not isinstance(shard["sha256"], str):
                     raise ValueError(f"shard {shard['file']!r} has no count of tokens and SHA-256")
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except Exception as error:  # the boundary of this door: every parser's failure is this line
+        reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
         raise ConfigError(
-            f"{where} is not a manifest of this project's token shards ({error}): write the "
+            f"{where} is not a manifest of this project's token shards ({reason}): write the "
             "folder again with the prepare command."
-        ) from error
+        ) from None
     return dict(manifest)
 
 

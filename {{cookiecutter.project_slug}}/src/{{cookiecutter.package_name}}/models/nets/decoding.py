@@ -355,13 +355,18 @@ def attention_to_real_tokens(real: torch.Tensor, seq: int) -> torch.Tensor:
     return ((causal & real[:, None, None, :]) | itself).reshape(real.size(0), 1, seq, keys)
 
 
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
+
+
 def sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> torch.Tensor:
     """One token per row of `logits` (batch, vocab)."""
-    if temperature == 0:
+    if temperature < FLOAT32_TINY:  # 0, or a temperature float32 holds as 0: greedy, its limit
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    # Shifted to a maximum of 0 first, so that a small temperature gives -inf, never inf - inf.
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -33,8 +33,8 @@ def staging_of(output: Path) -> Path:
 def is_prepared(folder: Path) -> bool:
     """Whether `folder` holds token shards that this command wrote."""
     try:
-        parse_manifest((folder / MANIFEST).read_text(), str(folder / MANIFEST))
-    except (OSError, UnicodeDecodeError, ConfigError):
+        parse_manifest((folder / MANIFEST).read_bytes(), str(folder / MANIFEST))
+    except (OSError, ConfigError):
         return False
     return True
 

@@ -14,19 +14,19 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from . import openai
 from .batching import Checked, Pending, Served
-from .errors import BadRequest, stopped_event
+from .errors import BadRequest, JSONAnswer, stopped_event
 from .settings import Settings
 
 STREAM_TYPE = "application/x-ndjson"
 
 
-def error_response(message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def error_response(message: str, status: int) -> JSONAnswer:
+    return JSONAnswer({"error": message}, status_code=status)
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -40,10 +40,12 @@ async def read_json(request: Request, limit: int) -> Any:
             raise BadRequest(f"the body is more than this server's limit of {limit} bytes", 413)
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise BadRequest(f"the body is not JSON ({error})") from error
     except RecursionError:
         raise BadRequest("the body nests deeper than JSON is read here") from None
+    except ValueError as error:  # not UTF-8, not JSON, or a number past Python's 4300 digits
+        if "digits" in str(error) and not isinstance(error, json.JSONDecodeError):
+            raise BadRequest("the body holds a number of more than 4300 digits") from None
+        raise BadRequest(f"the body is not JSON ({error})") from None
 
 
 def build_app(served: Served, settings: Settings, name: str = "model") -> Starlette:
@@ -78,7 +80,7 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
         event = await pending.final()
         if "error" in event:
             return error_response(event["error"], event["status"])
-        return JSONResponse(event)
+        return JSONAnswer(event)
 
     async def streamed(pending: Pending) -> AsyncIterator[str]:
         while True:
@@ -90,10 +92,10 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
                 return
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": served.kind})
+        return JSONAnswer({"status": "ok", "model": served.kind})
 
     async def info(request: Request) -> Response:
-        return JSONResponse({
+        return JSONAnswer({
             "model": served.kind, "endpoint": f"POST {served.path}",
             "max_batch_size": settings.max_batch_size,
             "limits": {"request_bytes": settings.request_bytes,

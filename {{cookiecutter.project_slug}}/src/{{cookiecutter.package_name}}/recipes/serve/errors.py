@@ -6,6 +6,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.responses import JSONResponse
+
+
+class JSONAnswer(JSONResponse):
+    """Every answer's body: one line of ASCII JSON, so that whatever a request held and an
+    answer repeats (a lone surrogate such as "\\ud800" among them) is written as an escape."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
 
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400) -> None:

@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from .batching import Checked, Pending
-from .errors import BadRequest, shown
+from .errors import BadRequest, JSONAnswer, shown
 
 SUPPORTED = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_k", "stream")
 # Fields that OpenAI's clients send, accepted only at the value that changes nothing.
@@ -49,10 +49,10 @@ STREAM_TYPE = "text/event-stream"
 Submit = Callable[[Checked], Awaitable["Pending | Response"]]
 
 
-def error_response(message: str, status: int) -> JSONResponse:
+def error_response(message: str, status: int) -> JSONAnswer:
     kind = "invalid_request_error" if status < 500 else "server_error"
     error = {"message": message, "type": kind, "param": None, "code": None}
-    return JSONResponse({"error": error}, status_code=status)
+    return JSONAnswer({"error": error}, status_code=status)
 
 
 def translated(body: Any, chat: bool) -> dict[str, Any]:
@@ -130,7 +130,7 @@ class Completions:
             choice.update(text=text, logprobs=None)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": event["tokens"],
                  "total_tokens": prompt_tokens + event["tokens"]}  # fmt: skip
-        return JSONResponse({**head, "choices": [choice], "usage": usage})
+        return JSONAnswer({**head, "choices": [choice], "usage": usage})
 
     async def chunks(
         self, pending: Pending, head: dict[str, Any], chat: bool
@@ -165,7 +165,7 @@ class Completions:
             return
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({
+        return JSONAnswer({
             "object": "list",
             "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "local"}],
         })  # fmt: skip

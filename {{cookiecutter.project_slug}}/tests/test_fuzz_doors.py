@@ -1,0 +1,95 @@
+"""Fuzzing the door for checkpoints a user did not write: a checkpoint that train wrote, mutated
+at random as bytes (its zip's directory and entries) or inside its pickle, then rebuilt as eval,
+predict, export and serve rebuild it; and a folder of shards (torch.distributed.checkpoint) with
+its `.metadata`, `meta.pt` or a shard mutated, read whole. Whatever the case: a result or one
+ConfigError line (tests/fuzzing.py), and nothing the file names is ever run."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from {{ cookiecutter.package_name }}.checkpointing.door import (
+    read_checkpoint,
+)
+from {{ cookiecutter.package_name }}.checkpointing.door.shard_metadata import (
+    META,
+    METADATA,
+)
+from {{ cookiecutter.package_name }}.checkpointing.trained import (
+    rebuild,
+)
+
+from .fuzzing import CASES, door_holds, mutate_bytes
+from .helpers import PACKAGE, compose_config, run_cli
+
+QUIET = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's default example, trained for two batches."""
+    cwd = tmp_path_factory.mktemp("trained")
+    result = run_cli(
+        "-m", PACKAGE, *QUIET, "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1", "test=false", "run_name=fuzz", cwd=cwd,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd / "logs" / "train" / "runs" / "fuzz" / "checkpoints" / "last.ckpt"
+
+
+def with_entry_mutated(valid: bytes, rng: random.Random) -> bytes:
+    """The same zip with one entry's bytes mutated (most often the pickle, `data.pkl`)."""
+    source = zipfile.ZipFile(io.BytesIO(valid))
+    names = source.namelist()
+    pickles = [name for name in names if name.endswith("data.pkl")]
+    target = rng.choice(pickles) if pickles and rng.random() < 0.7 else rng.choice(names)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as written:
+        for info in source.infolist():
+            data = source.read(info)
+            written.writestr(info, mutate_bytes(data, rng) if info.filename == target else data)
+    return out.getvalue()
+
+
+def test_checkpoint_files(checkpoint: Path, tmp_path: Path) -> None:
+    valid = checkpoint.read_bytes()
+    path = tmp_path / "last.ckpt"
+    cfg = compose_config("eval", [f"ckpt_path={path}"], tmp_path)
+    rng = random.Random(8)
+    for case in range(CASES):
+        path.write_bytes(with_entry_mutated(valid, rng) if case % 3 else mutate_bytes(valid, rng))
+        door_holds(lambda: rebuild(cfg.ckpt_path, False, cfg.data, cfg.model), f"case {case}")
+    path.write_bytes(valid)
+    rebuild(cfg.ckpt_path, False, cfg.data, cfg.model)  # the intact file still rebuilds
+
+
+def write_sharded(path: Path) -> None:
+    """A folder of shards as strategy=model_parallel writes one (here from one process)."""
+    weights = {"net.weight": torch.randn(4, 3), "net.bias": torch.randn(4)}
+    optimizer = {"param_groups": [{"lr": 0.1, "params": ["net.weight", "net.bias"]}]}
+    dcp.save({"state_dict": weights, "optimizer_0": optimizer}, checkpoint_id=path, no_dist=True)
+    torch.save({"global_step": 3, "epoch": 0}, path / META)
+
+
+def test_folders_of_shards(tmp_path: Path) -> None:
+    valid = tmp_path / "valid.ckpt"
+    write_sharded(valid)
+    names = sorted(path.name for path in valid.iterdir())
+    folder = tmp_path / "last.ckpt"
+    shutil.copytree(valid, folder)
+    rng = random.Random(9)
+    for case in range(CASES):
+        name = METADATA if case % 2 else rng.choice(names)
+        (folder / name).write_bytes(mutate_bytes((valid / name).read_bytes(), rng))
+        door_holds(lambda: read_checkpoint(folder), f"{name} case {case}")
+        shutil.copy(valid / name, folder / name)
+    read_checkpoint(folder)  # the intact folder still reads
