@@ -233,7 +233,7 @@ def test_a_checkpoint_save_on_a_full_disk_names_the_file(tmp_path: Path) -> None
 
 
 SAVE_ERRORS = {
-    errno.EFBIG: "the file system takes no file this large",
+    errno.EFBIG: "file-size limit (ulimit -f) takes no file this large",
     errno.EIO: "check it (dmesg)",
     errno.ENAMETOOLONG: "give a shorter run_name",
     errno.EMFILE: "ulimit -n",

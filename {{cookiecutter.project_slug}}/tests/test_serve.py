@@ -9,9 +9,6 @@ import asyncio
 {%- if cookiecutter.examples != "language" %}
 import base64
 {%- endif %}
-{%- if cookiecutter.examples != "vision" %}
-import contextlib
-{%- endif %}
 {%- if cookiecutter.examples != "language" %}
 import io
 {%- endif %}
@@ -305,6 +302,9 @@ def test_a_request_that_finds_the_model_idle_starts_at_once_and_a_busy_model_bat
         ("max_new_tokens=5000", "limits.max_new_tokens=2048"),
         ("temperature=nan", "temperature=nan"),
         ("limits.request_bytes=0", "limits.request_bytes=0"),
+        ("limits.connections=100000000", "open-files limit"),
+        ("limits.header_seconds=0", "limits.header_seconds=0"),
+        ("limits.body_seconds=-1", "limits.body_seconds=-1"),
     ],
 )
 def test_settings_a_server_cannot_use_are_refused(setting: str, words: str, tmp_path: Path) -> None:
@@ -852,17 +852,23 @@ def test_a_stop_signal_ends_the_server_and_leaves_no_process(
 {%- endif %}
 ) -> None:
 {%- if cookiecutter.examples != "vision" %}
-    """Also while it streams an answer (which gets `shutdown_timeout` seconds to finish)."""
-    server = Server([f"ckpt_path={language_checkpoint}", "shutdown_timeout=1"], tmp_path)
-    request = {"prompt": "def main(", "max_new_tokens": 2000, "stream": True}
+    """Also while it streams an answer: new requests get 503 meanwhile, and the stream, given
+    `shutdown_timeout` seconds to finish, ends with a line saying the server stops."""
+    limits = ["shutdown_timeout=3", "limits.max_new_tokens=100000"]
+    server = Server([f"ckpt_path={language_checkpoint}", *limits], tmp_path)
+    request = {"prompt": "def main(", "max_new_tokens": 100000, "stream": True}
     with httpx.stream("POST", f"{server.url}/generate", json=request, timeout=60) as response:
         lines = response.iter_lines()
         next(lines)
         began = time.monotonic()
-        code = server.stop(signal_number)
-        with contextlib.suppress(httpx.HTTPError):
-            for _ in lines:
-                pass
+        server.process.send_signal(signal_number)
+        while "new ones get 503" not in server.output():
+            assert time.monotonic() - began < 30, server.output()[-3000:]
+            time.sleep(0.05)
+        one_line_error(httpx.post(f"{server.url}/generate", json={"prompt": "hi"}), 503, "stopping")
+        last = json.loads(list(lines)[-1])
+    assert last == {"error": "the server is stopping: send the request again later"}, last
+    code = server.stop(signal_number)
 {%- else %}
     server = Server([f"ckpt_path={digits_checkpoint}"], tmp_path)
     began = time.monotonic()
@@ -871,6 +877,64 @@ def test_a_stop_signal_ends_the_server_and_leaves_no_process(
     assert code == 0, server.output()[-3000:]
     assert time.monotonic() - began < 30
     assert f"Stopped by {signal.Signals(signal_number).name}" in server.output()
+    assert "Traceback" not in server.output(), server.output()[-3000:]
     assert not server.processes_left()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health")
+
+
+def read_answer(connection: socket.socket) -> tuple[int, dict[str, Any]]:
+    """A whole HTTP/1.1 answer that closes the connection: its status and JSON body."""
+    data = b""
+    while chunk := connection.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert body.count(b"\n") == 0, data
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_slow_or_idle_clients_get_a_4xx_and_connections_past_the_bound_a_503(
+{%- if cookiecutter.examples != "vision" %}
+    language_checkpoint: Path, tmp_path: Path
+{%- else %}
+    digits_checkpoint: Path, tmp_path: Path
+{%- endif %}
+) -> None:
+    """Headers that never end and a body that never comes get 408 after their limits; with the
+    bound's connections held open by clients that send nothing, the next gets 503 at once (and
+    the log says so once); once those time out, the server answers again."""
+{%- if cookiecutter.examples != "vision" %}
+    checkpoint, path, body = language_checkpoint, "/generate", {"prompt": "hi", "max_new_tokens": 2}
+{%- else %}
+    checkpoint, path, body = digits_checkpoint, "/classify", {"image": "x"}
+{%- endif %}
+    limits = ["limits.connections=4", "limits.header_seconds=2", "limits.body_seconds=2"]
+    server = Server([f"ckpt_path={checkpoint}", *limits], tmp_path)
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            slow.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode())  # never ends
+            began = time.monotonic()
+            status, answer = read_answer(slow)
+        assert (status, 1.5 < time.monotonic() - began < 20) == (408, True), answer
+        assert "limits.header_seconds=2" in answer["error"]
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+            slow.sendall(head.encode() + b"[")  # a body that stops after its first byte
+            status, answer = read_answer(slow)
+        assert status == 408 and "limits.body_seconds=2" in answer["error"], answer
+        idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(4)]
+        time.sleep(0.3)
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=30) as refused:
+                began = time.monotonic()
+                status, answer = read_answer(refused)
+            assert (status, time.monotonic() - began < 1.5) == (503, True), answer
+            assert "too many connections" in answer["error"]
+        assert server.output().count("get 503 (logged once)") == 1, server.output()[-3000:]
+        for connection in idle:  # each gets its 408 after header_seconds, and is closed
+            assert read_answer(connection)[0] == 408
+            connection.close()
+        assert httpx.post(f"{server.url}{path}", json=body, timeout=60).status_code in (200, 400)
+    finally:
+        assert server.stop() == 0, server.output()[-3000:]

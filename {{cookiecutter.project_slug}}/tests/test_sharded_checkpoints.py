@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import re
+import resource
 import shutil
 import signal
 from collections.abc import Callable
@@ -44,9 +45,12 @@ from .killing import (
     assert_equal,
     assert_same_outcome,
     fault,
+    finish,
     read_last,
     run,
     run_dir,
+    signal_group,
+    start,
 )
 
 MODEL_PARALLEL = [
@@ -423,3 +427,31 @@ def test_the_checkpoint_bench_says_when_its_stall_was_mostly_waiting_for_a_write
            "fit_wall_s": 11.7, "checkpoint_bytes": 1e9}  # fmt: skip
     results = {"command": "bench", "save_every": 3, "consolidated": row, "sync": row, "async": row}
     assert ("Raise bench.save_every" in report(results)) == (wait > 0.75)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_shards_that_cannot_be_written_are_one_line_and_every_rank_exits(
+    tmp_path: Path, mode: str
+) -> None:
+    """A file-size limit (`ulimit -f`) below a shard's size: both ranks' writes fail with EFBIG
+    (in the background, or in the step). One `error:` line naming the checkpoint, no staging
+    folder left, and no process of the run alive once the command has returned."""
+    process = start([*SHARDED_RUN, f"trainer.strategy.checkpoint={mode}"], tmp_path)
+    limit = 400 * 1024  # set before the command has imported torch, let alone started a rank
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (limit, limit))
+    code, output = finish(process)
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        pass
+    else:
+        signal_group(process.pid, signal.SIGKILL)
+        raise AssertionError(f"a process of the run outlived the command:\n{output[-3000:]}")
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "File too large" in errors[0] and ".ckpt (" in errors[0], errors
+    assert "tmp-shards" not in errors[0], "the line names the checkpoint, not its staging folder"
+    checkpoints = run_dir(tmp_path) / "checkpoints"
+    assert not list(checkpoints.glob(".*")), list(checkpoints.iterdir())

@@ -18,6 +18,7 @@ from .errors import ConfigError, TrainingError, raised_by_a_spawned_process
 from .run import record as run_record
 from .run import stop_signals
 from .run.names import pasteable, verbatim
+from .run.other_ranks import wait_for_other_ranks
 from .run.parent_death import stop_when_the_torchrun_agent_dies
 from .run.settings import check_launcher_environment
 
@@ -69,7 +70,10 @@ def _run(task: Callable[[DictConfig], Any], cfg: DictConfig) -> float | None:
             run_record.put_back()
         remove_unused_run_dir()
         end_progress_bars()
-        print(f"error: {line}", file=sys.stderr)
+        # An error that every rank raised alike (a collective's) is printed by the first alone.
+        if not getattr(error, "every_rank", False) or command_errors.first_rank():
+            print(f"error: {line}", file=sys.stderr)
+        wait_for_other_ranks()
         sys.exit(1)
     name = cfg.get("optimized_metric")
     return metrics.get(name) if name else None

@@ -57,7 +57,10 @@ WRITE_ADVICE = {
     errno.ELOOP: f"a symbolic link on the way leads back to itself: remove the loop, or {ELSEWHERE}",
     errno.ENAMETOOLONG: "a name in it is longer than the file system allows: give a shorter "
     "run_name=... or paths.log_dir=<folder>",
-    errno.EFBIG: f"the file system takes no file this large (FAT32: 4 GiB): {ELSEWHERE}",
+    errno.EFBIG: (
+        "the file system (FAT32: 4 GiB) or the process's file-size limit (ulimit -f) takes no "
+        f"file this large: raise the limit, or {ELSEWHERE}"
+    ),
     errno.EIO: f"the disk failed: check it (dmesg), or {ELSEWHERE}",
     errno.EMFILE: "this process has too many files open: raise the limit (ulimit -n) and run the "
     "same command again",
@@ -188,6 +191,14 @@ def one_line(error: BaseException) -> str | None:
             "there; write elsewhere with paths.log_dir=<folder>."
         )
     return None
+
+
+def first_rank() -> bool:
+    """Whether this process is the first of a distributed run (or the only process)."""
+    distributed = sys.modules.get("torch.distributed")  # imported by the run, if it is one
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return bool(distributed.get_rank() == 0)
+    return (os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0") == "0"
 
 
 def report_in_one_line(

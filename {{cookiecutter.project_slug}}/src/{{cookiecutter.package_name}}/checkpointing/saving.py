@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -42,10 +43,16 @@ FULL_DISK_BYTES = 1 << 20
 
 
 def failed_write(path: Path) -> OSError:
-    """The OSError behind a write that torch reports only as a RuntimeError ("unexpected pos")."""
+    """The OSError behind a write that torch reports only as a RuntimeError ("unexpected pos"):
+    a full disk, else a file-size limit (`ulimit -f`) where one is set, else an I/O error."""
     full = shutil.disk_usage(path.parent).free < FULL_DISK_BYTES
-    code = errno.ENOSPC if full else errno.EIO
+    limited = resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+    code = errno.ENOSPC if full else errno.EFBIG if limited else errno.EIO
     return OSError(code, os.strerror(code), str(path))
+
+
+def is_failed_write(error: BaseException) -> bool:
+    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
 
 
 def save_failed(path: Path, error: OSError) -> TrainingError:
@@ -65,8 +72,10 @@ def atomic_torch_save(checkpoint: dict[str, Any], path: Path) -> None:
         with open(temporary, "wb") as file:
             try:
                 torch.save(checkpoint, file)
-            except RuntimeError as error:  # torch reports a failed write (a full disk) this way
-                raise failed_write(path) from error
+            except RuntimeError as error:
+                if is_failed_write(error):  # torch reports a failed write (a full disk) this way
+                    raise failed_write(path) from error
+                raise
             file.flush()
             os.fsync(file.fileno())
         if path.exists() and keeps_previous(path):

@@ -170,6 +170,9 @@ class ServeLimits:
     max_new_tokens: int = 2048
     image_pixels: int = 16777216
     queued_requests: int = 1024
+    connections: int | None = None
+    header_seconds: float = 10.0
+    body_seconds: float = 30.0
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hydra.utils import get_class
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -30,12 +33,35 @@ from ..checkpointing.door import (
     load_trusted,
     non_finite_tensors,
 )
-from ..checkpointing.saving import NonFiniteWeightsError
+from ..checkpointing.saving import (
+    NonFiniteWeightsError,
+    failed_write,
+    is_failed_write,
+    save_failed,
+)
 from ..checkpointing.sharded import publish, remove, staging_folder
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainingError
 from ..targets import allowed
 
 CHECKPOINT_MODES = ("async", "sync", "consolidated")
+
+
+def shards_not_written(error: BaseException, path: Path) -> TrainingError | None:
+    """The one line for a folder of shards that could not be written, or None where `error` is
+    no failed write. torch.distributed.checkpoint gathers every rank's failure into a
+    CheckpointException (a BaseException) that all ranks raise, so every rank gets this line,
+    marked for the first rank alone to print."""
+    causes = (
+        [cause for cause, _ in error.failures.values()]
+        if isinstance(error, CheckpointException) else [error]
+    )  # fmt: skip
+    for cause in causes:
+        if isinstance(cause, OSError) or is_failed_write(cause):
+            written = cause if isinstance(cause, OSError) else failed_write(path)
+            line = save_failed(path, written)
+            line.every_rank = True  # type: ignore[attr-defined]
+            return line
+    return None
 
 
 def fsdp_strategy(
@@ -150,9 +176,10 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
             torch.save(checkpoint, staging / META)
         self.barrier("checkpoint staging folder")
         if self.checkpoint_mode == "sync":
-            dcp.save(shards, checkpoint_id=staging)
-            if self.is_global_zero:
-                publish(staging, path)
+            with self.written_or_one_line(staging, path):
+                dcp.save(shards, checkpoint_id=staging)
+                if self.is_global_zero:
+                    publish(staging, path)
         else:
             if self.checkpoint_group is None:
                 # The writer thread's collectives must not interleave with training's.
@@ -168,10 +195,24 @@ class ShardedCheckpointStrategy(ModelParallelStrategy):
 
     def published(self, staging: Path, path: Path, started: float, written: Future[Any]) -> None:
         """The end of a background write: rank 0 renames the complete folder."""
-        written.result()
-        if self.is_global_zero:
-            publish(staging, path)
+        with self.written_or_one_line(staging, path):
+            written.result()
+            if self.is_global_zero:
+                publish(staging, path)
         self.writes.append(time.perf_counter() - started)
+
+    @contextlib.contextmanager
+    def written_or_one_line(self, staging: Path, path: Path) -> Iterator[None]:
+        """A write that fails leaves no staging folder and is one line naming the checkpoint."""
+        try:
+            yield
+        except BaseException as error:
+            line = shards_not_written(error, path)
+            if line is None:
+                raise
+            if self.is_global_zero:
+                remove(staging)
+            raise line from None
 
     def finish_checkpoint_writes(self, all_ranks: bool = True) -> None:
         """Wait for the save in flight, if any (raising what it raised), and for its folder to

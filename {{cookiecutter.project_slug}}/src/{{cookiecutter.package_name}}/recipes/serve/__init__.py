@@ -31,10 +31,12 @@ from .app import build_app
 from .batching import Served
 from .classification import Classification
 from .generation import Generation
-from .server import Server, listening_socket, url_of
+from .server import Server, guarded_protocol, listening_socket, url_of
 from .settings import Settings, check_settings, resolve_device
 
 log = logging.getLogger(__name__)
+# After a drain (server.py), what uvicorn gives the connections left to close.
+GRACE_SECONDS = 5
 
 
 def serve(cfg: DictConfig) -> dict[str, float]:
@@ -71,13 +73,15 @@ def serve_checkpoint(
     else:
         served = Classification(trained, settings, device)
     log.info("Loaded %s (%s model) on %s", trained.path, served.kind, device)
+    app = build_app(served, settings, model_name(Path(trained.path)))
     config = uvicorn.Config(
-        build_app(served, settings, model_name(Path(trained.path))), log_config=None,
-        lifespan="on",
-        timeout_graceful_shutdown=settings.shutdown_timeout,
+        app, log_config=None, lifespan="on",
+        http=guarded_protocol(settings.connections, settings.header_seconds),
+        timeout_graceful_shutdown=GRACE_SECONDS,
     )  # fmt: skip
     server = Server(config)
     server.url = url_of(listener)
+    server.scheduler, server.shutdown_timeout = app.state.scheduler, settings.shutdown_timeout
     server.run(sockets=[listener])
     if server.stopped_by:
         log.info("Stopped by %s", server.stopped_by)

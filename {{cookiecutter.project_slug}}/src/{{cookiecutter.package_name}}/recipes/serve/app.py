@@ -29,15 +29,27 @@ def error_response(message: str, status: int) -> JSONAnswer:
     return JSONAnswer({"error": message}, status_code=status)
 
 
-async def read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request, settings: Settings) -> Any:
+    limit = settings.request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(f"the body is more than this server's limit of {limit} bytes", 413)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise BadRequest(f"the body is more than this server's limit of {limit} bytes", 413)
+
+    async def read() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise BadRequest(f"the body is more than this server's limit of {limit} bytes", 413)
+
+    reading = asyncio.ensure_future(read())
+    done, _ = await asyncio.wait({reading}, timeout=settings.body_seconds)
+    if not done:
+        reading.cancel()
+        raise BadRequest(
+            f"the body took more than limits.body_seconds={settings.body_seconds:g}", 408
+        )
+    reading.result()  # the size limit's 413
     try:
         return json.loads(body)
     except RecursionError:
@@ -57,7 +69,7 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
 
     def start(checked: Checked, refuse: Any) -> Pending | Response:
         pending = Pending(checked.inputs, checked.options, asyncio.get_running_loop())
-        if batcher.stopping.is_set():
+        if batcher.stopping.is_set() or batcher.draining.is_set():
             return refuse(stopped_event()["error"], 503)
         if not batcher.submit(pending):
             return refuse(
@@ -68,7 +80,7 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
 
     async def answer(request: Request) -> Response:
         try:
-            body = await read_json(request, settings.request_bytes)
+            body = await read_json(request, settings)
             checked = await parse(body)
         except BadRequest as error:
             return error_response(str(error), error.status)
@@ -112,7 +124,7 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
     def compatible(chat: bool) -> Any:
         async def route(request: Request) -> Response:
             try:
-                body = await read_json(request, settings.request_bytes)
+                body = await read_json(request, settings)
             except BadRequest as error:
                 return openai.error_response(str(error), error.status)
             return await completions.answer(body, chat)
@@ -143,7 +155,7 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
         finally:
             batcher.stop()
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route(served.path, answer, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
@@ -153,3 +165,5 @@ def build_app(served: Served, settings: Settings, name: str = "model") -> Starle
         exception_handlers={404: other, 405: other},
         lifespan=lifespan,
     )
+    app.state.scheduler = batcher
+    return app

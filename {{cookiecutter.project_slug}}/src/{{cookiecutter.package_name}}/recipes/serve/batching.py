@@ -37,9 +37,12 @@ class Pending:
     options: dict[str, Any]
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    answered: threading.Event = field(default_factory=threading.Event)
 
     def send(self, event: dict[str, Any]) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        if "text" not in event:
+            self.answered.set()
 
     async def final(self) -> dict[str, Any]:
         while True:
@@ -78,6 +81,8 @@ class Scheduler:
         self.settings = settings
         self.waiting: queue.Queue[Pending] = queue.Queue(maxsize=settings.queued_requests)
         self.stopping = threading.Event()
+        self.draining = threading.Event()  # a stop signal came: no new request is taken
+        self.submitted: list[Pending] = []  # by the server's event loop, which alone reads it
         self.thread = threading.Thread(target=self.loop, name="batcher", daemon=True)
 
     def submit(self, pending: Pending) -> bool:
@@ -85,7 +90,12 @@ class Scheduler:
             self.waiting.put_nowait(pending)
         except queue.Full:
             return False
+        self.submitted = [*(p for p in self.submitted if not p.answered.is_set()), pending]
         return True
+
+    def unanswered(self) -> int:
+        self.submitted = [p for p in self.submitted if not p.answered.is_set()]
+        return len(self.submitted)
 
     def loop(self) -> None:
         raise NotImplementedError

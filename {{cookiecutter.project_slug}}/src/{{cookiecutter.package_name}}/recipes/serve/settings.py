@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import resource
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +30,45 @@ class Settings:
     image_pixels: int
     queued_requests: int
     compile_decode: bool = False
+    connections: int = 64
+    header_seconds: float = 10.0
+    body_seconds: float = 30.0
 
 
 def check_seconds(key: str, value: Any) -> float:
     if not number(value) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{key}={value!r}: use a number of seconds, 0 or more (e.g. 0.01).")
+    return float(value)
+
+
+# Files the process keeps open besides its connections: the model's, the logs', the listener.
+OWN_FILES = 128
+
+
+def connection_bound(given: Any) -> int:
+    """How many connections may be open at once: `given`, or what the open-files limit leaves."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = (1 << 20 if soft == resource.RLIM_INFINITY else soft) - OWN_FILES
+    if room < 1:
+        raise ConfigError(
+            f"this process may open {soft} files (ulimit -n), too few for a server: raise it "
+            f"above {OWN_FILES}."
+        )
+    if given is None:
+        return room
+    check_whole("limits.connections", given, 1)
+    if given > room:
+        raise ConfigError(
+            f"limits.connections={given} is more than the {room} this process can open (its "
+            f"open-files limit {soft}, less {OWN_FILES} for its own files): lower it, raise "
+            "ulimit -n, or use null."
+        )
+    return int(given)
+
+
+def check_positive_seconds(key: str, value: Any) -> float:
+    if not number(value) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{key}={value!r}: use a number of seconds above 0 (e.g. 10).")
     return float(value)
 
 
@@ -78,6 +113,9 @@ def check_settings(cfg: DictConfig) -> Settings:
         top_k_classes=int(cfg.top_k_classes), request_bytes=int(limits.request_bytes),
         most_new_tokens=int(limits.max_new_tokens), image_pixels=int(limits.image_pixels),
         queued_requests=int(limits.queued_requests),
+        connections=connection_bound(limits.connections),
+        header_seconds=check_positive_seconds("limits.header_seconds", limits.header_seconds),
+        body_seconds=check_positive_seconds("limits.body_seconds", limits.body_seconds),
     )  # fmt: skip
 
 
