@@ -4,7 +4,10 @@ that `scancel` ends (the other jobs are waited for; the same command then trains
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
+import random
 import re
 import shlex
 import subprocess
@@ -14,9 +17,23 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
 
+from {{ cookiecutter.package_name }}.run.lock import (
+    FolderInUse,
+)
+from {{ cookiecutter.package_name }}.sweeps.returns import (
+    RETURN_FILE,
+    JobFailed,
+    UnreadableReturn,
+    read_job_return,
+    write_job_return,
+)
 from {{ cookiecutter.package_name }}.sweeps.summary import (
     collect_jobs,
     failures,
@@ -24,6 +41,7 @@ from {{ cookiecutter.package_name }}.sweeps.summary import (
     record_job_status,
 )
 
+from .fuzzing import CASES, mutate_bytes, mutated_json_text
 from .helpers import PACKAGE, PROJECT_ROOT, run_cli
 from .test_slurm import QUICK, TINY, queue, summary_rows
 
@@ -224,3 +242,105 @@ def test_a_job_cancelled_before_it_started_is_in_the_summary(tmp_path: Path) -> 
     assert line.startswith("1 of 2 jobs did not complete: #1 (seed=2) CANCELLED. Job #1: SLURM"), (
         line
     )
+
+
+def job_return(job_dir: Path, status: JobStatus, value: Any) -> JobReturn:
+    """What Hydra's run of a job gives the launcher in the job."""
+    returned = JobReturn(
+        overrides=["seed=1"], status=status,
+        hydra_cfg=OmegaConf.create(dict(hydra=dict(runtime=dict(output_dir=str(job_dir))))),
+    )  # fmt: skip
+    returned.return_value = value
+    return returned
+
+
+class TrialPruned(Exception):
+    """Named as Optuna's, which the sweeper tells apart by its name."""
+
+
+def test_a_jobs_return_comes_back_as_json_with_its_value_or_its_errors_kind(
+    tmp_path: Path,
+) -> None:
+    cases: list[tuple[JobStatus, Any]] = [
+        (JobStatus.COMPLETED, 0.8125), (JobStatus.COMPLETED, None),
+        (JobStatus.FAILED, FolderInUse("logs/x is in use by process 7")),
+        (JobStatus.FAILED, TrialPruned("pruned at step 4")),
+        (JobStatus.FAILED, RuntimeError("boom")),
+    ]  # fmt: skip
+    for index, (status, value) in enumerate(cases):
+        job_dir = tmp_path / str(index)
+        job_dir.mkdir()
+        write_job_return(job_return(job_dir, status, value))
+        back = read_job_return(job_dir, ["seed=1"])
+        assert back.status == status and back.overrides == ["seed=1"]
+        assert back.hydra_cfg is not None
+        assert back.hydra_cfg.hydra.runtime.output_dir == str(job_dir)
+        if status == JobStatus.COMPLETED:
+            assert back.return_value == value
+            continue
+        error = back._return_value
+        assert type(error).__name__ == type(value).__name__ or isinstance(error, JobFailed)
+        assert str(value) in str(error)
+    assert isinstance(read_job_return(tmp_path / "2", [])._return_value, FolderInUse)
+
+
+def test_the_launcher_reads_no_pickle_a_job_left_and_no_record_but_its_own(tmp_path: Path) -> None:
+    """submitit's result pickle (here one that would run code) marks the job finished and is
+    never unpickled; a record that is a link, a pipe, too large or mutated at random is one
+    UnreadableReturn, never another exception or a hang."""
+    from hydra_plugins.{{ cookiecutter.package_name }}_slurm_launcher._jobs import (
+        Finished,
+        ended_as,
+    )
+    from hydra_plugins.{{ cookiecutter.package_name }}_slurm_launcher.launcher import (
+        SlurmLauncher,
+    )
+
+    marker = tmp_path / "pwned"
+
+    class RunsCode:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.system, (f"touch {marker}",)
+
+    pickled = tmp_path / "7_0_result.pkl"
+    pickled.write_bytes(pickle.dumps(("success", RunsCode())))
+
+    def results() -> None:
+        raise AssertionError("the launcher unpickled the job's result")
+
+    job = SimpleNamespace(
+        _sub_jobs=[], paths=SimpleNamespace(result_pickle=pickled), results=results, job_id="7"
+    )
+    job_dir = tmp_path / "0"
+    job_dir.mkdir()
+    write_job_return(job_return(job_dir, JobStatus.COMPLETED, 0.5))
+    result = ended_as(job, "COMPLETED")
+    assert isinstance(result, Finished)
+    launcher = SlurmLauncher.__new__(SlurmLauncher)
+    assert launcher.returned(job, 0, ["seed=1"], job_dir, result).return_value == 0.5
+    assert not marker.exists()
+
+    valid = (job_dir / RETURN_FILE).read_bytes()
+    record = job_dir / RETURN_FILE
+    record.unlink()
+    record.symlink_to("/etc/passwd")
+    with pytest.raises(UnreadableReturn, match="cannot be opened"):
+        read_job_return(job_dir, [])
+    record.unlink()
+    os.mkfifo(record)
+    with pytest.raises(UnreadableReturn, match="not a regular file"):
+        read_job_return(job_dir, [])
+    record.unlink()
+    record.write_bytes(b" " * (2 << 20))
+    with pytest.raises(UnreadableReturn, match="larger than"):
+        read_job_return(job_dir, [])
+    rng = random.Random(12)
+    for case in range(CASES):
+        changed = json.loads(valid)
+        record.write_bytes(
+            mutated_json_text(changed, rng) if case % 2 else mutate_bytes(valid, rng)
+        )
+        try:
+            read_job_return(job_dir, [])
+        except UnreadableReturn as error:
+            assert "\n" not in str(error), error

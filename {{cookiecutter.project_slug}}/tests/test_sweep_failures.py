@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package_name }}.run.lock import (
+    held,
     hold,
 )
 from {{ cookiecutter.package_name }}.sweeps.summary import (
@@ -237,6 +240,52 @@ def test_a_study_kept_in_memory_is_refused_the_folder_of_its_last_launch(tmp_pat
     line = error_line(again.stderr)
     assert "holds trials up to #2" in line and "hydra.sweep.dir=" in line, line
     assert sorted(str(p) for p in tmp_path.rglob("*")) == folder
+
+
+def test_a_search_on_a_study_file_that_another_search_holds_is_refused_before_touching_it(
+    tmp_path: Path,
+) -> None:
+    """Whatever its sweep folder: the lock is the study file's own (`<file>.lock`)."""
+    database = tmp_path / "search.db"
+    with held(Path(f"{database}.lock"), "a study", "this test", "elsewhere"):
+        result = run_cli(*search(tmp_path, "hydra.sweeper.n_trials=1"), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = error_line(result.stderr)
+    assert f"the study storage sqlite:///{database} is in use by process {os.getpid()}" in line
+    assert "hydra.sweeper.storage=sqlite:///<file>" in line, line
+    assert not database.exists() and not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_two_searches_started_at_once_on_one_study_file_run_one(tmp_path: Path) -> None:
+    """Ten times, two drivers started together on a fresh study file, each with a sweep folder of
+    its own: one runs the search, the other is refused in one line before it writes anything;
+    the study holds n_trials trials, never more."""
+    import optuna
+
+    for attempt in range(10):
+        folder = tmp_path / str(attempt)
+        storage = f"sqlite:///{folder / 'search.db'}"
+        commands = [
+            [sys.executable, *search(folder, "hydra.sweeper.n_trials=1"),
+             f"hydra.sweep.dir={folder / f'sweep{index}'}"]
+            for index in range(2)
+        ]  # fmt: skip
+        drivers = [
+            subprocess.Popen(
+                command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+            for command in commands
+        ]
+        ended = [(driver.wait(timeout=300), driver.communicate()[1]) for driver in drivers]
+        codes = sorted(code for code, _ in ended)
+        assert codes == [0, 1], (attempt, ended)
+        (refusal,) = [stderr for code, stderr in ended if code == 1]
+        assert "the study storage" in error_line(refusal) and "in use by process" in refusal
+        (name,) = optuna.get_all_study_names(storage)
+        trials = optuna.load_study(study_name=name, storage=storage).trials
+        assert [trial.state.name for trial in trials] == ["COMPLETE"], (attempt, trials)
+        assert len(list(folder.glob("sweep*/0/.hydra"))) == 1, "the refused search made no job"
 
 
 def test_a_search_started_beside_itself_is_refused_before_it_touches_the_study(

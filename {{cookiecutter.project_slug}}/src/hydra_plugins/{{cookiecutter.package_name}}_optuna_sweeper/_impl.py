@@ -10,6 +10,7 @@ again, resuming in its folder."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from {{ cookiecutter.package_name }}.errors import (
 )
 from {{ cookiecutter.package_name }}.run.lock import (
     FolderInUse,
+    held,
     hold,
     holder,
     holder_job,
@@ -228,9 +230,21 @@ class OptunaSweeperImpl:
         sample = [f"{key}={quote(representative(dimension))}" for key, dimension in space.items()]
         self.hydra_context.config_loader.load_sweep_config(self.config, fixed + sample)
 
+    def _storage_held(self) -> contextlib.AbstractContextManager[None]:
+        """One search at a time on a study file, whatever its sweep folder: a lock beside the
+        SQLite file, taken before the study is made or read. (A database server's storage has no
+        file to lock: there, only the sweep folder is held.)"""
+        if not (self.storage and self.storage.startswith("sqlite:///")):
+            return contextlib.nullcontext()
+        database = Path(self.storage.removeprefix("sqlite:///"))
+        database.parent.mkdir(parents=True, exist_ok=True)
+        return held(
+            database.with_name(f"{database.name}.lock"), f"the study storage {self.storage}",
+            "a search of its study",
+            "give this search a storage of its own (hydra.sweeper.storage=sqlite:///<file>)",
+        )  # fmt: skip
+
     def _study(self) -> optuna.Study:
-        if self.storage and self.storage.startswith("sqlite:///"):
-            Path(self.storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         pruner = (
             optuna.pruners.MedianPruner(**self.pruner)
             if self.pruner
@@ -302,11 +316,12 @@ class OptunaSweeperImpl:
                 "model.optimizer.lr=interval(0.0001,0.01)."
             )
         self._check_trial_config(fixed, space)
-        study = self._study()
-        self._check_trials_known(sweep_dir, study)
-        with hold(sweep_dir, elsewhere="give it hydra.sweep.dir=<folder>"):
-            (sweep_dir / STUDY_RECORD).write_text(json.dumps(study_record, indent=2) + "\n")
-            self._run_trials(study, space, fixed)
+        with self._storage_held():
+            study = self._study()
+            self._check_trials_known(sweep_dir, study)
+            with hold(sweep_dir, elsewhere="give it hydra.sweep.dir=<folder>"):
+                (sweep_dir / STUDY_RECORD).write_text(json.dumps(study_record, indent=2) + "\n")
+                self._run_trials(study, space, fixed)
 
     def _run_trials(self, study: optuna.Study, space: dict[str, Any], fixed: list[str]) -> None:
         left = self._left_running(study, space)

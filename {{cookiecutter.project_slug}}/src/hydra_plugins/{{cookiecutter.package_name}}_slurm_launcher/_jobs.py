@@ -13,8 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hydra.core.utils import JobReturn
-
 log = logging.getLogger(__name__)
 
 # The states a job ends in (SLURM's job state codes).
@@ -126,22 +124,26 @@ def pause(jobs: list[Any], seconds: float) -> None:
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-def ended_as(job: Any, state: str, gone: bool = False) -> JobReturn | Ended | None:
-    """None while the submitit job runs or waits; once it has ended (SLURM's `state`, or `gone`
-    from SLURM's sight), the JobReturn of its first task, or how it ended without one."""
-    from submitit.core.utils import FailedJobError, UncompletedJobError
+class Finished:
+    """A job that wrote its result (read from its folder's job_return.json, not from submitit's
+    pickle)."""
 
+
+# A job that SLURM says has ended may have its result still on its way through a slow disk.
+RESULT_WAIT_S = 15.0
+
+
+def ended_as(job: Any, state: str, gone: bool = False) -> Finished | Ended | None:
+    """None while the submitit job runs or waits; once it has ended (SLURM's `state`, or `gone`
+    from SLURM's sight), Finished where it wrote its result, or how it ended without one."""
     if not has_result(job):
         if state not in ENDED and not gone:
             return None
         if state not in ("COMPLETED", "FAILED"):
             return Ended(state)
-    try:
-        returned: JobReturn = job.results()[0]  # waits 15 s for a result a slow disk delays
-    except FailedJobError as error:  # submitit's own code failed, outside the run
-        trace = str(error).split("-" * 22)
-        last = trace[1].strip().splitlines()[-1] if len(trace) > 2 else ""
-        return Ended("FAILED", f" outside the run: {last}" if last else "")
-    except UncompletedJobError:
-        return Ended(state, " without a result")
-    return returned
+        deadline = time.monotonic() + RESULT_WAIT_S
+        while not has_result(job) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not has_result(job):
+            return Ended(state, " without a result")
+    return Finished()

@@ -19,13 +19,26 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 )
 from omegaconf import OmegaConf, open_dict
 
+from {{ cookiecutter.package_name }}.sweeps.returns import (
+    UnreadableReturn,
+    read_job_return,
+    write_job_return,
+)
 from {{ cookiecutter.package_name }}.sweeps.summary import (
     read_json,
     record_job_ended_outside,
     returned_to_sweeper,
 )
 
-from ._jobs import Ended, Progress, Unschedulable, ended_as, pause, queue_states
+from ._jobs import (
+    Ended,
+    Finished,
+    Progress,
+    Unschedulable,
+    ended_as,
+    pause,
+    queue_states,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,17 +203,43 @@ class SlurmLauncher(SubmititSlurmLauncher):
             read_states_from_squeue()
         numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
         jobs = self.submit(job_overrides, numbers)
+        job_dirs = {}
         for job, number, overrides in zip(jobs, numbers, job_overrides, strict=True):
             shown = " ".join(filter_overrides(overrides))
             log.info(f"\t#{number} : {shown} -> SLURM job {job.job_id}")
-        ended = self.wait_for(jobs, [f"Job #{number}" for number in numbers])
+            job_dirs[job.job_id] = self.job_dir(number, overrides)
+        ended = self.wait_for(jobs, [f"Job #{number}" for number in numbers], job_dirs)
         return [
-            result if isinstance(result, JobReturn)
-            else self.ended_outside(job, number, overrides, result)
-            for job, number, overrides, result in zip(
-                jobs, numbers, job_overrides, (ended[job.job_id] for job in jobs), strict=True
-            )
-        ]  # fmt: skip
+            self.returned(job, number, overrides, job_dirs[job.job_id], ended[job.job_id])
+            for job, number, overrides in zip(jobs, numbers, job_overrides, strict=True)
+        ]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        """In the job: Hydra's run of the task, and its outcome written as JSON in the job's
+        folder (sweeps/returns.py), which the launcher reads instead of submitit's pickle."""
+        returned: JobReturn = super().__call__(*args, **kwargs)
+        write_job_return(returned)
+        return returned
+
+    def job_dir(self, number: int, overrides: Sequence[str]) -> Path:
+        assert self.config is not None and self.hydra_context is not None
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config.hydra.job):
+            config.hydra.job.num = number
+        sweep = config.hydra.sweep
+        return Path(os.path.abspath(Path(str(sweep.dir), str(sweep.subdir))))
+
+    def returned(
+        self, job: Any, number: int, overrides: Sequence[str], job_dir: Path,
+        result: Finished | Ended,
+    ) -> JobReturn:  # fmt: skip
+        """What goes back to the sweeper: the job's own record, or how SLURM ended it."""
+        if isinstance(result, Finished):
+            try:
+                return read_job_return(job_dir, list(overrides))
+            except UnreadableReturn as error:
+                result = Ended("FAILED", f" outside the run: {error}")
+        return self.ended_outside(job, number, overrides, job_dir, result)
 
     def submit(self, job_overrides: Sequence[Sequence[str]], numbers: range) -> list[Any]:
         """One SLURM job per job of the sweep, submitted as hydra-submitit-launcher submits them
@@ -252,13 +291,15 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def cpu_advice(self) -> str:
         return cpu_only_advice(self.params.get("gpus_per_node"), self.params.get("partition"))
 
-    def wait_for(self, jobs: list[Any], labels: list[str]) -> dict[str, JobReturn | Ended]:
-        """Each job's JobReturn, or how it ended without one; one line per job and change of
+    def wait_for(
+        self, jobs: list[Any], labels: list[str], job_dirs: dict[str, Path]
+    ) -> dict[str, Finished | Ended]:
+        """Whether each job finished, or how it ended without a result; one line per job and change of
         state meanwhile. Jobs that SLURM will never start (UNSCHEDULABLE_AFTER_S seconds pending
         for a reason in NEVER_STARTS) are cancelled, and end the sweep."""
         progress = Progress({job.job_id: label for job, label in zip(jobs, labels, strict=True)})
         unschedulable = Unschedulable(NEVER_STARTS, UNSCHEDULABLE_AFTER_S)
-        ended: dict[str, JobReturn | Ended] = {}
+        ended: dict[str, Finished | Ended] = {}
         lingering_since: dict[tuple[str, str], float] = {}
         while True:
             waiting = [job for job in jobs if job.job_id not in ended]
@@ -275,7 +316,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
                     progress.saw(job.job_id, seen.get(job.job_id))
                     continue
                 ended[job.job_id] = result
-                progress.end(job.job_id, status_of(result))
+                progress.end(job.job_id, status_of(result, job_dirs[job.job_id]))
             if len(ended) == len(jobs):
                 return ended
             stuck = unschedulable.saw(seen)
@@ -295,11 +336,11 @@ class SlurmLauncher(SubmititSlurmLauncher):
         )
 
     def ended_outside(
-        self, job: Any, number: int, overrides: Sequence[str], ended: Ended
+        self, job: Any, number: int, overrides: Sequence[str], job_dir: Path, ended: Ended
     ) -> JobReturn:
         """A job that SLURM ended before it had a result: SLURM's state is recorded in its
         folder for the summary, and it goes back to the sweeper as a failure."""
-        assert self.config is not None and self.hydra_context is not None
+        assert self.config is not None
         if ended.state == "CANCELLED":
             reason = f"SLURM job {job.job_id} ended CANCELLED; the same command runs it again"
         elif ended.state == "LOST":
@@ -307,24 +348,14 @@ class SlurmLauncher(SubmititSlurmLauncher):
         else:
             reason = f"SLURM job {job.job_id} ended {ended.state}{ended.detail}"
         reason += f" (its log: {job.paths.stderr})"
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        with open_dict(config.hydra.job):
-            config.hydra.job.num = number
-        job_dir = Path(
-            os.path.abspath(Path(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))
-        )
         record_job_ended_outside(job_dir, list(overrides), ended.state, reason)
         failed = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
         failed.return_value = JobEndedOutside(reason)
         return returned_to_sweeper(self.config, failed)
 
 
-def status_of(result: JobReturn | Ended) -> str:
+def status_of(result: Finished | Ended, job_dir: Path) -> str:
     """What the summary says of an ended job: the status it recorded, else SLURM's state."""
     if isinstance(result, Ended):
         return result.state
-    output_dir = OmegaConf.select(
-        result.hydra_cfg or OmegaConf.create(), "hydra.runtime.output_dir"
-    )
-    status = read_json(Path(str(output_dir)) / "job_status.json") if output_dir else {}
-    return str(status.get("status", result.status.name))
+    return str(read_json(job_dir / "job_status.json").get("status", "FINISHED"))

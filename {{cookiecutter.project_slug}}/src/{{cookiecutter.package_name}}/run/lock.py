@@ -77,7 +77,15 @@ def hold(folder: Path, elsewhere: str = "pick another run_name=...") -> Iterator
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    with held(folder / LOCK_NAME, str(folder), "a command still running there", elsewhere):
+        yield
+
+
+@contextmanager
+def held(lock: Path, what: str, doing: str, elsewhere: str) -> Iterator[None]:
+    """Hold the lock file `lock` (made if missing) for `what`, or refuse with one line: `what` is
+    in use by the process holding it (`doing` says what that is), and `elsewhere`."""
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,8 +94,8 @@ def hold(folder: Path, elsewhere: str = "pick another run_name=...") -> Iterator
             job = holder_job(owner)
             stop = f"scancel {job}" if job else f"kill {owner.split()[0] if owner else '<pid>'}"
             raise FolderInUse(
-                f"{folder} is in use by process {owner or 'another process'} (a command still "
-                f"running there): wait for it to end, stop it ({stop}), or {elsewhere}"
+                f"{what} is in use by process {owner or 'another process'} ({doing}): wait for "
+                f"it to end, stop it ({stop}), or {elsewhere}"
             ) from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{this_holder()}\n".encode(), 0)

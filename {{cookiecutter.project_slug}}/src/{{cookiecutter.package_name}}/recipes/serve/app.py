@@ -54,9 +54,9 @@ async def read_json(request: Request, settings: Settings) -> Any:
         return json.loads(body)
     except RecursionError:
         raise BadRequest("the body nests deeper than JSON is read here") from None
-    except ValueError as error:  # not UTF-8, not JSON, or a number past Python's 4300 digits
-        if "digits" in str(error) and not isinstance(error, json.JSONDecodeError):
-            raise BadRequest("the body holds a number of more than 4300 digits") from None
+    except ValueError as error:  # not UTF-8, not JSON, or a whole number too long for Python
+        if "integer string conversion" in str(error):
+            raise BadRequest("the body holds a number written with over 4300 characters") from None
         raise BadRequest(f"the body is not JSON ({error})") from None
 
 
