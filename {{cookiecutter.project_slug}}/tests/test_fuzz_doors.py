@@ -1,7 +1,8 @@
 """Fuzzing the door for checkpoints a user did not write: a checkpoint that train wrote, mutated
 at random as bytes (its zip's directory and entries) or inside its pickle, then rebuilt as eval,
 predict, export and serve rebuild it; and a folder of shards (torch.distributed.checkpoint) with
-its `.metadata`, `meta.pt` or a shard mutated, read whole. Whatever the case: a result or one
+its `.metadata`, `meta.pt` or a shard mutated, read whole; and the run's config a checkpoint
+stores, mutated as values. Whatever the case: a result or one
 ConfigError line (tests/fuzzing.py), and nothing the file names is ever run."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from {{ cookiecutter.package_name }}.checkpointing.trained import (
     rebuild,
 )
 
-from .fuzzing import CASES, door_holds, mutate_bytes
+from .fuzzing import CASES, door_holds, mutate_bytes, mutate_json
 from .helpers import PACKAGE, compose_config, run_cli
 
 QUIET = ["trainer=cpu", "logger=csv", "extras.print_config=false", "callbacks.progress_bar=null"]
@@ -70,6 +71,18 @@ def test_checkpoint_files(checkpoint: Path, tmp_path: Path) -> None:
         door_holds(lambda: rebuild(cfg.ckpt_path, False, cfg.data, cfg.model), f"case {case}")
     path.write_bytes(valid)
     rebuild(cfg.ckpt_path, False, cfg.data, cfg.model)  # the intact file still rebuilds
+
+
+def test_stored_configs(checkpoint: Path, tmp_path: Path) -> None:
+    """The run's config that a checkpoint stores (what eval, predict, export and serve build the
+    model and data from), a value at any depth swapped for an odd one or a key dropped."""
+    valid = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    path = tmp_path / "last.ckpt"
+    cfg = compose_config("eval", [f"ckpt_path={path}"], tmp_path)
+    rng = random.Random(13)
+    for case in range(CASES):
+        torch.save({**valid, "run_config": mutate_json(valid["run_config"], rng)}, path)
+        door_holds(lambda: rebuild(cfg.ckpt_path, False, cfg.data, cfg.model), f"case {case}")
 
 
 def write_sharded(path: Path) -> None:

@@ -925,12 +925,10 @@ def test_slow_or_idle_clients_get_a_4xx_and_connections_past_the_bound_a_503(
         assert status == 408 and "limits.body_seconds=2" in answer["error"], answer
         idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(4)]
         time.sleep(0.3)
-        for _ in range(3):
+        for _ in range(3):  # a 503 (the bound's), not a 408 after header_seconds
             with socket.create_connection((host, int(port)), timeout=30) as refused:
-                began = time.monotonic()
                 status, answer = read_answer(refused)
-            assert (status, time.monotonic() - began < 1.5) == (503, True), answer
-            assert "too many connections" in answer["error"]
+            assert status == 503 and "too many connections" in answer["error"], answer
         assert server.output().count("get 503 (logged once)") == 1, server.output()[-3000:]
         for connection in idle:  # each gets its 408 after header_seconds, and is closed
             assert read_answer(connection)[0] == 408

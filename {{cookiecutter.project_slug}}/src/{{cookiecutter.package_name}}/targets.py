@@ -152,13 +152,15 @@ def build(node: Any, source: str = "the config", where: str = "", **kwargs: Any)
     check_targets(value, Allowed.names, source, where)
     try:
         return instantiate(value, **kwargs)
-    except InstantiationException as error:
+    except (InstantiationException, TypeError, ValueError) as error:  # Hydra's own checks too
         raise one_line_error(error, where) from error
 
 
 def one_line_error(error: Exception, where: str) -> Exception:
     """Hydra's error for a class that cannot be found or built, as one line naming the key; our
     own errors raised while building pass through as they are."""
+    if isinstance(error, (ConfigError, TrainingError)):
+        return error
     if isinstance(error.__cause__, (ConfigError, TrainingError)):
         return error.__cause__
     message = str(error).replace(", set env var HYDRA_FULL_ERROR=1 to see chained exception", "")
