@@ -148,6 +148,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         f"{src}/targets.py",
         f"{src}/sweeps/summary.py",
         f"{src}/sweeps/returns.py",
+        f"{src}/sweeps/queued.py",
         f"{src}/run/other_ranks.py",
         f"{src}/recipes/train.py",
         f"{src}/run/steps.py",

@@ -186,6 +186,16 @@ class SlowSteps(Callback):
         time.sleep(self.seconds)
 
 
+class SlowSetup(Callback):
+    """Sleeps in its `setup`, as a callback that downloads or indexes something would."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def setup(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(self.seconds)
+
+
 class PausedWhile(Callback):
     """Holds the run at the end of each training step for as long as `path` exists, so that a
     test can act while the run is mid-training (it burns no CPU), then let it finish."""

@@ -21,7 +21,8 @@ from .helpers import PACKAGE, PROJECT_ROOT
 
 TIMING_KEYS = ("perf/",)
 FAULT_TARGETS = (
-    "allowed_targets=[tests.faults.FaultAt,tests.faults.RecordBatches,tests.faults.SlowSteps]"
+    "allowed_targets=[tests.faults.FaultAt,tests.faults.RecordBatches,tests.faults.SlowSteps,"
+    "tests.faults.SlowSetup]"
 )
 {%- if cookiecutter.examples == "language" %}
 

@@ -201,3 +201,52 @@ def test_a_search_run_again_after_its_driver_was_killed_takes_the_result_of_the_
     states = jobs_of(sweep, slurm_cluster)
     assert states[orphan] == "COMPLETED"
     assert len(states) == 2, f"trial 0 was not launched again: {states}"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_search_killed_just_after_submitting_waits_for_the_job_still_queued(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """The driver is killed as soon as it says it submitted trial 0's job, which SLURM holds
+    pending for 15 s (`--begin`): the job has no folder lock yet, only its place in the queue.
+    The same command, run again, asks SLURM about that job, says the trial is still in it, waits
+    for it and takes its result; it submits nothing for trial 0 (it used to submit a second job,
+    which found the folder held and ended FAILED)."""
+    import optuna
+
+    sweep, storage = tmp_path / "search", f"sqlite:///{tmp_path / 'search.db'}"
+    command = [
+        "--multirun", SEARCH, *PINNED, *QUICK, *TINY, "hydra.sweeper.n_trials=1",
+        f"hydra.sweeper.storage={storage}", f"hydra.sweep.dir={sweep}",
+        "+hydra.launcher.additional_parameters={begin:'now+15'}",
+    ]  # fmt: skip
+    first = tmp_path / "killed.log"
+    killed = start(command, tmp_path, slurm_cluster, first)
+    wait_until(
+        lambda: "-> SLURM job" in first.read_text() or killed.poll() is not None,
+        "trial 0's job submitted",
+    )
+    assert killed.poll() is None, first.read_text()[-3000:]
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    (submitted,) = [line.split()[-1] for line in first.read_text().splitlines()
+                    if "-> SLURM job" in line]  # fmt: skip
+    assert jobs_of(sweep, slurm_cluster) == {submitted: "PENDING"}
+
+    log = tmp_path / "again.log"
+    again = start(command, tmp_path, slurm_cluster, log)
+    assert again.wait(timeout=600) == 0, log.read_text()[-5000:]
+    said = log.read_text()
+    assert "-> SLURM job" not in said, "trial 0 was submitted a second time"
+    assert f"trial 0 still pending as SLURM job {submitted}" in said, said[-3000:]
+    (waited,) = [line for line in said.splitlines() if "waiting for it to end" in line]
+    assert f"SLURM job {submitted}" in waited, waited
+    assert jobs_of(sweep, slurm_cluster) == {submitted: "COMPLETED"}
+
+    results = OmegaConf.load(sweep / "optimization_results.yaml")
+    study = optuna.load_study(study_name=str(results.study_name), storage=storage)
+    metric = str(OmegaConf.load(sweep / "0" / ".hydra" / "config.yaml").optimized_metric)
+    recorded = json.loads((sweep / "0" / "metrics.json").read_text())[metric]
+    assert [(trial.state.name, trial.value) for trial in study.trials] == [("COMPLETE", recorded)]
+    assert [(row["job"], row["status"]) for row in summary_rows(sweep)] == [("0", "COMPLETED")]

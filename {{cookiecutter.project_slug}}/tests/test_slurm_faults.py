@@ -90,6 +90,59 @@ def test_a_time_limit_too_short_for_the_start_up_ends_the_job_in_one_line_unrequ
     assert "Traceback" not in log
 
 
+def running(job: str, env: dict[str, str], timeout: float = 120.0) -> None:
+    """Returns in the poll (every 50 ms) that first sees the job RUNNING."""
+    deadline = time.monotonic() + timeout
+    while job_state(job, env) != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job} did not start within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.1, 0.3, 1.0])
+def test_a_warning_at_any_moment_of_a_jobs_first_second_requeues_it(
+    delay: float, slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`scancel --signal=USR1` 0.1, 0.3 and 1 s after the poll that first sees the job RUNNING:
+    its task is starting Python, importing, or setting up. The run takes the warning on to its
+    first step that can be saved, saves, requeues and finishes. (Sent in that first poll, it
+    lands before the job's step has tasks, and SLURM delivers it to no process, or while Python
+    itself starts: `test_stop_signals` sends it then, through the sbatch script's task shell.)"""
+    job = sbatch(tmp_path, slurm_cluster, *SMALL_RUN, tasks=1)
+    running(job, slurm_cluster)
+    time.sleep(delay)
+    subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True, timeout=30)
+    state = wait_for(job, slurm_cluster)
+    log = job_log(tmp_path, job)
+    assert state == "COMPLETED" and "User defined signal" not in log, f"{state}:\n{log[-3000:]}"
+    (stopped,) = re.findall(r"Stopped: (SIGUSR1 .*)", log)
+    assert stopped.endswith("requeued the job."), stopped
+    assert log.count("Requeued SLURM job") == 1 and "Resuming from" in log
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_warning_during_a_start_up_longer_than_the_job_ends_it_in_one_line_not_timeout(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """`--time=1 --signal=USR1@55` and a callback whose setup takes 150 s: the warning comes while
+    the run sets up, before any hook of the loop. It sets the job's deadline at once, so the job
+    ends at it with the one line, FAILED, before SLURM's limit (it used to end TIMEOUT with
+    SLURM's lines only)."""
+    command = [*SMALL_RUN, "+callbacks.slow_setup._target_=tests.faults.SlowSetup",
+               "+callbacks.slow_setup.seconds=150"]  # fmt: skip
+    job = sbatch(tmp_path, slurm_cluster, *command, tasks=1,
+                 options=("--time=1", "--signal=USR1@55"))  # fmt: skip
+    state = first_start_ends(job, slurm_cluster)
+    log = job_log(tmp_path, job)
+    assert state == "FAILED", f"{state}:\n{log[-3000:]}"
+    (line,) = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert "time limit for this job (1:00) is too short for its start-up" in line, line
+    assert "longer --time" in line and "Traceback" not in log
+    assert "Requeued SLURM job" not in log
+
+
 def node_state(env: dict[str, str]) -> str:
     shown = subprocess.run(
         ["sinfo", "--noheader", "--Node", "--format=%N|%t"], env=env, capture_output=True,

@@ -27,6 +27,11 @@ from omegaconf import OmegaConf
 from {{ cookiecutter.package_name }}.run.lock import (
     FolderInUse,
 )
+from {{ cookiecutter.package_name }}.sweeps.queued import (
+    QUEUED_FILE,
+    queued_job,
+    record_queued,
+)
 from {{ cookiecutter.package_name }}.sweeps.returns import (
     RETURN_FILE,
     JobFailed,
@@ -225,6 +230,43 @@ def test_a_cancelled_job_is_named_the_others_finish_and_the_same_command_trains_
     assert (finished.parent / "0" / "metrics.json").is_file()
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_cancelled_while_pending_is_reported_cancelled_at_once(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Both jobs of the docs' CPU sweep held pending for 20 s (`--begin`); `scancel` of #1 while
+    it waits. SLURM then keeps no record of that array task at all: the sweep reports it
+    CANCELLED at its next look at the queue, before #0 has even started (it used to call it
+    LOST two minutes later), and ends as soon as #0 does, naming #1 in its error line."""
+    (line,) = [
+        line for line in documented_slurm_sweeps()
+        if "trainer=cpu" in line and "model.optimizer.lr=" in line
+    ]  # fmt: skip
+    quick = [o for o in QUICK if o not in ("hydra/launcher=slurm", "trainer=cpu")]
+    pending = "+hydra.launcher.additional_parameters={begin:'now+20'}"
+    args = [*arguments(line), *quick, *TINY, pending]
+    sweep = Sweep(args, tmp_path, slurm_cluster)
+    submitted = {
+        number: sweep.wait_for_line(rf"#{number} : .* -> SLURM job (\S+)$")[1] for number in (0, 1)
+    }
+    subprocess.run(["scancel", submitted[1]], env=slurm_cluster, check=True, timeout=30)
+    cancelled = time.monotonic()
+    sweep.wait_for_line(r"Job #1 \(SLURM \S+\): CANCELLED", timeout=30)
+    assert time.monotonic() - cancelled < 15
+    assert not [line for line in sweep.stdout if re.search(r"Job #0 .*RUNNING", line)], (
+        "#1 was reported before #0 started"
+    )
+    sweep.wait_for_line(r"Job #0 \(SLURM \S+\): COMPLETED", timeout=240)
+    completed = time.monotonic()
+    code, stdout, stderr = sweep.end()
+    assert time.monotonic() - completed < 20, "the sweep ended once #0 had"
+    assert code == 1, (stdout + stderr)[-5000:]
+    said = error_line(stderr)
+    assert "#1 (model.optimizer.lr=0.003) CANCELLED" in said and submitted[1] in said, said
+    assert "LOST" not in stdout + stderr
+
+
 def test_a_job_cancelled_before_it_started_is_in_the_summary(tmp_path: Path) -> None:
     """`scancel` of a job still pending: it never made its folder; the launcher records its
     overrides and SLURM's state there, and the summary and the error line name it."""
@@ -344,3 +386,33 @@ def test_the_launcher_reads_no_pickle_a_job_left_and_no_record_but_its_own(tmp_p
             read_job_return(job_dir, [])
         except UnreadableReturn as error:
             assert "\n" not in str(error), error
+
+
+def test_a_trials_queued_job_record_is_only_ever_a_job_id_or_nothing(tmp_path: Path) -> None:
+    """What a search run again reads of a trial's folder to ask SLURM about its job: the id as
+    written; a link (to a valid record elsewhere), a pipe, a file too large or one mutated at
+    random gives an id of the form SLURM writes, or None, never an exception or a hang."""
+    folder = tmp_path / "0"
+    record_queued(folder, "4242_7")
+    assert queued_job(folder) == "4242_7"
+    valid = (folder / QUEUED_FILE).read_bytes()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(valid)
+    record = folder / QUEUED_FILE
+    record.unlink()
+    record.symlink_to(elsewhere)
+    assert queued_job(folder) is None
+    record.unlink()
+    os.mkfifo(record)
+    assert queued_job(folder) is None
+    record.unlink()
+    record.write_bytes(b'{"slurm_job": "1"}' + b" " * (2 << 20))
+    assert queued_job(folder) is None
+    rng = random.Random(7)
+    for case in range(CASES):
+        changed = json.loads(valid)
+        record.write_bytes(
+            mutated_json_text(changed, rng) if case % 2 else mutate_bytes(valid, rng)
+        )
+        found = queued_job(folder)
+        assert found is None or re.fullmatch(r"\d+(_\d+)?", found), found

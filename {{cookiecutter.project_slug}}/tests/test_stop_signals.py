@@ -6,6 +6,7 @@ finishes it exactly."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .helpers import PACKAGE
+from .helpers import PACKAGE, PROJECT_ROOT
 from .killing import (
     SMALL_RUN,
     References,
@@ -217,21 +218,30 @@ def test_sigterm_to_one_ddp_rank_stops_both_at_the_next_agreement_step(
 @pytest.mark.slow
 def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path: Path) -> None:
     """SLURM's time-limit warning (`sbatch --signal=USR1@90`): save at a step boundary, then
-    `scontrol requeue <job id>` (a fake scontrol on PATH records its arguments)."""
-    env = fake_scontrol(tmp_path)
+    `scontrol requeue <job id>`, which makes SLURM send SIGTERM to the job's processes: here a
+    fake scontrol records its arguments and then signals the run every 50 ms for 3 s, so one
+    lands in whatever the run does after it requeued. The run still says how it stopped and
+    exits 143 (it used to die by the signal before its last line, now and then, on a cluster)."""
+    env = fake_scontrol(tmp_path, terminates=True)
     command = [*SMALL_RUN, *fault("train_step", 3, tmp_path / "fired", "SIGUSR1")]
     code, output = run(command, tmp_path / "job", env)
     assert code == 143, output[-3000:]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
-    assert "SIGUSR1 at step 3: saved" in output and "requeued the job" in output
+    (stopped,) = re.findall(r"Stopped: (.*)", output)
+    assert "SIGUSR1 at step 3: saved" in stopped and stopped.endswith("requeued the job."), output
 
 
-def fake_scontrol(tmp_path: Path) -> dict[str, str]:
-    """A SLURM job's environment whose scontrol records its arguments in scontrol.log."""
+def fake_scontrol(tmp_path: Path, terminates: bool = False) -> dict[str, str]:
+    """A SLURM job's environment whose scontrol records its arguments in scontrol.log and, where
+    it `terminates`, then sends SIGTERM to its caller every 50 ms for 3 s, as SLURM ends a
+    requeued job's processes (SIGTERM, then SIGKILL after KillWait)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    signals = "(for i in $(seq 60); do kill -TERM $PPID || exit 0; sleep 0.05; done) </dev/null >/dev/null 2>&1 &\n"
+    scontrol.write_text(
+        f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n{signals if terminates else ""}'
+    )
     scontrol.chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
 
@@ -257,6 +267,45 @@ def test_a_warning_while_the_command_starts_is_kept_and_the_job_requeued(
     assert code == 143, f"exit {code}: {output[-3000:]}"
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     assert "requeued the job" in output and "Traceback" not in output, output[-3000:]
+
+
+def task_shell() -> str:
+    """The shell that scripts/slurm.sbatch starts each task under (its TASK heredoc)."""
+    script = (PROJECT_ROOT / "scripts" / "slurm.sbatch").read_text()
+    return script.split("<<'TASK' || true\n", 1)[1].split("\nTASK\n", 1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.02, 0.05])
+def test_a_warning_while_python_itself_starts_is_held_by_the_sbatch_task_shell(
+    delay: float, tmp_path: Path
+) -> None:
+    """SIGUSR1 to the task's whole process group (as SLURM signals a step) 20 or 50 ms after it
+    starts, while Python is still starting, before the command's first instruction can record
+    anything: started as scripts/slurm.sbatch starts a task, the warning is held, then answered
+    as any other (requeued; without that shell the command dies of it, exit -10)."""
+    env = fake_scontrol(tmp_path)
+    (tmp_path / "job").mkdir()
+    python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
+    task = subprocess.Popen(
+        ["bash", "-c", task_shell(), "task", sys.executable, "-m", PACKAGE, *SMALL_RUN,
+         "trainer.max_epochs=1"],
+        cwd=tmp_path / "job", env={**os.environ, "PYTHONPATH": python_path, **env},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(delay)
+        os.killpg(task.pid, signal.SIGUSR1)
+        code, output = finish(task, timeout=300)
+    finally:
+        if task.poll() is None:
+            os.killpg(task.pid, signal.SIGKILL)
+            task.wait()
+    assert code == 143, f"exit {code}: {output[-3000:]}"
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    (stopped,) = re.findall(r"Stopped: (SIGUSR1 .*)", output)
+    assert stopped.endswith("requeued the job."), stopped
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from {{ cookiecutter.package_name }}.sweeps.summary import (
 
 from .helpers import PACKAGE, run_cli
 from .test_scale_out import PINNED, QUICK, SEARCH, SHORT_RUN, assert_picture, summary_rows
+from .test_slurm import TINY
 
 FAST = [*QUICK, "trainer.max_epochs=1"]
 
@@ -267,7 +268,7 @@ def test_two_searches_started_at_once_on_one_study_file_run_one(tmp_path: Path) 
         folder = tmp_path / str(attempt)
         storage = f"sqlite:///{folder / 'search.db'}"
         commands = [
-            [sys.executable, *search(folder, "hydra.sweeper.n_trials=1"),
+            [sys.executable, *search(folder, "hydra.sweeper.n_trials=1", *TINY),
              f"hydra.sweep.dir={folder / f'sweep{index}'}"]
             for index in range(2)
         ]  # fmt: skip

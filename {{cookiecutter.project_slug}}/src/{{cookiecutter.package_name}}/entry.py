@@ -7,6 +7,7 @@ SIGTERM keeps its default until the run's loop starts: nothing is written before
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,18 @@ class EarlyRecorder:
         if self.first is None:
             self.first = (signal.Signals(number), time.time())
 
+    def take_noted(self, path: str) -> None:
+        """The first warning that the task's shell noted in `path` before this process could
+        record it, if any."""
+        try:
+            with open(path, "rb") as noted:
+                name = noted.read(16).split(b"\n")[0].decode("ascii", "replace")
+                when = os.fstat(noted.fileno()).st_mtime
+        except OSError:
+            return
+        if self.first is None and name in ("SIGUSR1", "SIGUSR2"):
+            self.first = (signal.Signals[name], when)
+
 
 def interrupted(number: int, frame: FrameType | None) -> None:
     print(
@@ -41,9 +54,15 @@ interrupted.starting_up = True  # type: ignore[attr-defined]  # run.stop_signals
 
 def catch_from_the_start(warnings: bool = True, ctrl_c: bool = True) -> None:
     recorder = EarlyRecorder()
+    # scripts/slurm.sbatch starts the command with the warnings ignored and writes those that
+    # come meanwhile to this file.
+    noted = os.environ.get("STOP_SIGNALS_FILE") if warnings else None
     for number in WARNINGS if warnings else ():
-        if signal.getsignal(number) in (signal.SIG_DFL, None):
+        current = signal.getsignal(number)
+        if current in (signal.SIG_DFL, None) or (noted and current == signal.SIG_IGN):
             signal.signal(number, recorder)
+    if noted:
+        recorder.take_noted(noted)
     if ctrl_c and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupted)
 

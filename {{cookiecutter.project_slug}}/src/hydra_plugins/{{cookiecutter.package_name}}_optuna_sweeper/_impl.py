@@ -39,6 +39,9 @@ from {{ cookiecutter.package_name }}.run.lock import (
     holder,
     holder_job,
 )
+from {{ cookiecutter.package_name }}.sweeps.queued import (
+    queued_job,
+)
 from {{ cookiecutter.package_name }}.sweeps.summary import (
     PRUNED,
     read_json,
@@ -53,6 +56,18 @@ AnyTrial = optuna.Trial | optuna.trial.FrozenTrial
 STUDY_RECORD = "optuna_study.json"
 # How often a trial's job left running by an earlier launch is looked at while the search waits.
 WAIT_POLL_S = 2.0
+
+
+def slurm_job_alive(job_id: str) -> Any:
+    """How SLURM shows the job where it has not ended, else None (`_jobs.alive`: the SLURM
+    launcher's, imported only where a trial's folder names a SLURM job)."""
+    from hydra_plugins.{{ cookiecutter.package_name }}_slurm_launcher._jobs import (
+        alive,
+    )
+
+    return alive(job_id)
+
+
 # A trial whose job found its folder held, and then no holder to wait for nor a result, is launched
 # again this many times before it is marked failed (a lock this machine cannot see the holder of).
 RELAUNCHES_AFTER_REFUSAL = 2
@@ -329,11 +344,8 @@ class OptunaSweeperImpl:
         if done or left:
             log.info(
                 "Study %r continues: %d of %d trials finished%s.",
-                self.name,
-                done,
-                self.n_trials,
-                f", {', '.join(str(t.number) for t in left)} left running" if left else "",
-            )
+                self.name, done, self.n_trials, self._left_said(left),
+            )  # fmt: skip
         left_running: list[AnyTrial] = [t for t in left if self._result_left(study, t) is None]
         done = len(study.get_trials(deepcopy=False, states=FINISHED))
         failed_in_a_row = 0
@@ -378,22 +390,40 @@ class OptunaSweeperImpl:
         """Where the trial's job runs: the sweep folder's `<trial number>/` (initial_job_idx)."""
         return Path(self.config.hydra.sweep.dir) / str(trial.number)
 
-    def _result_left(self, study: optuna.Study, trial: AnyTrial) -> optuna.trial.TrialState | None:
-        """The result of the trial's job left running by an earlier launch, told to the study:
-        first, while a live job still holds the trial's folder, the search waits for it to end
-        (one line says which job). None where no job recorded a result: the trial is to be
-        launched, resuming in its folder."""
+    def _job_alive(self, trial: AnyTrial) -> str | None:
+        """The job of an earlier launch that still runs the trial, or waits in the scheduler's
+        queue to (as the scheduler says, not as that launch last knew): "pending as SLURM job
+        27", "running as process 123 on host"; None where there is none."""
         folder = self._trial_dir(trial)
         running = holder(folder)
         if running is not None:
             job = holder_job(running)
+            return f"running as SLURM job {job}" if job else f"running as process {running}"
+        queued = queued_job(folder)
+        seen = slurm_job_alive(queued) if queued else None
+        return f"{seen.state.lower()} as SLURM job {queued}" if seen else None
+
+    def _left_said(self, left: list[optuna.trial.FrozenTrial]) -> str:
+        alive = {trial.number: self._job_alive(trial) for trial in left}
+        said = [
+            f"trial {number} still {job}" if job else f"trial {number} to run again"
+            for number, job in alive.items()
+        ]
+        return f"; {', '.join(said)}" if said else ""
+
+    def _result_left(self, study: optuna.Study, trial: AnyTrial) -> optuna.trial.TrialState | None:
+        """The result of the trial's job left by an earlier launch, told to the study: first,
+        while that job still waits in the scheduler's queue or holds the trial's folder, the
+        search waits for it to end (one line says which job). None where no job recorded a
+        result: the trial is to be launched, resuming in its folder."""
+        folder = self._trial_dir(trial)
+        job = self._job_alive(trial)
+        if job is not None:
             log.info(
-                "Trial %d is still running as %s, started by an earlier launch of this search: "
-                "waiting for it to end.",
-                trial.number,
-                f"SLURM job {job}" if job else f"process {running}",
-            )
-            while holder(folder) is not None:
+                "Trial %d is still %s, started by an earlier launch of this search: waiting for "
+                "it to end.", trial.number, job,
+            )  # fmt: skip
+            while self._job_alive(trial) is not None:
                 time.sleep(WAIT_POLL_S)
         metrics = read_json(folder / "metrics.json")
         if metrics:

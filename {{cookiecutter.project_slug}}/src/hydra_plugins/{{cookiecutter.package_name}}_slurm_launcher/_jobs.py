@@ -33,10 +33,11 @@ class Seen:
     nodes: str = ""
 
 
-def queue_states(job_ids: Iterable[str]) -> dict[str, Seen]:
+def queue_states(job_ids: Iterable[str]) -> dict[str, Seen] | None:
     """Each of these jobs (`123`, or an array task `123_4`) that the controller still holds, in
-    one `squeue` call; {} where squeue fails (a controller that does not answer, or ids it has
-    forgotten)."""
+    one `squeue` call; None where squeue did not answer (a controller that does not, or ids it
+    has all forgotten). A pending array task that `scancel` ended is not held at all: SLURM
+    keeps no record of it."""
     main_ids = sorted({job.split("_")[0] for job in job_ids})
     if not main_ids:
         return {}
@@ -47,12 +48,21 @@ def queue_states(job_ids: Iterable[str]) -> dict[str, Seen]:
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
-        return {}
+        return None
+    if listed.returncode != 0:
+        return None
     seen = {}
-    for line in listed.stdout.splitlines() if listed.returncode == 0 else []:
+    for line in listed.stdout.splitlines():
         job, state, reason, nodes = [*line.strip().split("|", 3), "", "", ""][:4]
         seen[job] = Seen(state.split()[0] if state else "UNKNOWN", reason, nodes)
     return seen
+
+
+def alive(job_id: str) -> Seen | None:
+    """How SLURM shows the job where it has not ended (pending, running, requeued...); None
+    where it has, or squeue does not know it or does not answer."""
+    seen = (queue_states([job_id]) or {}).get(job_id)
+    return seen if seen is not None and seen.state not in ENDED else None
 
 
 class Progress:

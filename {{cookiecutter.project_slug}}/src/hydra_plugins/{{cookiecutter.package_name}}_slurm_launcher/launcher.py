@@ -19,6 +19,9 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 )
 from omegaconf import OmegaConf, open_dict
 
+from {{ cookiecutter.package_name }}.sweeps.queued import (
+    record_queued,
+)
 from {{ cookiecutter.package_name }}.sweeps.returns import (
     UnreadableReturn,
     read_job_return,
@@ -202,12 +205,18 @@ class SlurmLauncher(SubmititSlurmLauncher):
             log.info("SLURM accounting is off here (sacct fails): job states come from squeue.")
             read_states_from_squeue()
         numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
+        folders = [
+            self.job_dir(number, overrides)
+            for number, overrides in zip(numbers, job_overrides, strict=True)
+        ]
         jobs = self.submit(job_overrides, numbers)
-        job_dirs = {}
+        job_dirs = {job.job_id: folder for job, folder in zip(jobs, folders, strict=True)}
+        # First of all: a search run again after this driver is killed finds its jobs by these.
+        for job_id, folder in job_dirs.items():
+            record_queued(folder, job_id)
         for job, number, overrides in zip(jobs, numbers, job_overrides, strict=True):
             shown = " ".join(filter_overrides(overrides))
             log.info(f"\t#{number} : {shown} -> SLURM job {job.job_id}")
-            job_dirs[job.job_id] = self.job_dir(number, overrides)
         ended = self.wait_for(jobs, [f"Job #{number}" for number in numbers], job_dirs)
         return [
             self.returned(job, number, overrides, job_dirs[job.job_id], ended[job.job_id])
@@ -301,12 +310,21 @@ class SlurmLauncher(SubmititSlurmLauncher):
         unschedulable = Unschedulable(NEVER_STARTS, UNSCHEDULABLE_AFTER_S)
         ended: dict[str, Finished | Ended] = {}
         lingering_since: dict[tuple[str, str], float] = {}
+        last_seen: dict[str, str] = {}
         while True:
             waiting = [job for job in jobs if job.job_id not in ended]
-            seen = queue_states(job.job_id for job in waiting)
+            answered = queue_states(job.job_id for job in waiting)
+            seen = answered or {}
             for job in waiting:
-                # squeue forgets an ended job after a while (MinJobAge); sacct, if kept, does not.
-                state = seen[job.job_id].state if job.job_id in seen else job.state.split(" ")[0]
+                if job.job_id in seen:
+                    state = last_seen[job.job_id] = seen[job.job_id].state
+                else:
+                    # squeue forgets an ended job after a while (MinJobAge); sacct, if kept,
+                    # does not.
+                    state = job.state.split(" ")[0]
+                    was_pending = last_seen.get(job.job_id, "PENDING") == "PENDING"
+                    if answered is not None and state == "UNKNOWN" and was_pending:
+                        state = "CANCELLED"  # a pending array task scancel'ed leaves no record
                 gone = False
                 if state in LINGERING:
                     since = lingering_since.setdefault((job.job_id, state), time.monotonic())

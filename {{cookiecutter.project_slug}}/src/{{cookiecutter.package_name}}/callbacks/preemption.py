@@ -31,15 +31,28 @@ SAVE_RESERVE_S = 10.0
 
 class Preempted(Exception):
     """The run stopped on a signal, after saving what it had trained; the same command resumes
-    it. The command turns this into its `exit_code`."""
+    it. The command requeues the SLURM job where that is due (`finish`), as the last thing before
+    its exit, and turns this into its `exit_code`."""
 
-    def __init__(self, signal_name: str, where: str, saved: Path | None, requeued: bool) -> None:
+    def __init__(self, signal_name: str, where: str, saved: Path | None, requeue: bool) -> None:
         self.signal_name, self.where, self.saved = signal_name, where, saved
-        self.requeued = requeued
-        kept = f"saved {saved}" if saved else "nothing new to save"
-        then = "requeued the job" if requeued else "run the same command to resume"
-        stopped_by = "Stopped by Ctrl-C" if self.by_ctrl_c else signal_name
-        super().__init__(f"{stopped_by} {where}: {kept}; {then}.")
+        self.requeue, self.requeued = requeue, False
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        kept = f"saved {self.saved}" if self.saved else "nothing new to save"
+        then = "requeued the job" if self.requeued else "run the same command to resume"
+        stopped_by = "Stopped by Ctrl-C" if self.by_ctrl_c else self.signal_name
+        return f"{stopped_by} {self.where}: {kept}; {then}."
+
+    def finish(self) -> str:
+        """Requeue the job where due, then say how the run stopped. Requeueing makes SLURM send
+        SIGTERM to this job's processes, which Lightning's teardown left at its default action:
+        done earlier, the process could die before its last line."""
+        if self.requeue:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.requeued = requeue_slurm_job()
+        return self.message()
 
     @property
     def by_ctrl_c(self) -> bool:
@@ -115,12 +128,14 @@ class FirstSaveDue:
     step's measured time says it cannot get there, or an alarm at that last moment rings first),
     it ends with one line saying the time limit is too short: exit code 1, not requeued."""
 
-    def __init__(self, signal_name: str, going_to: str, not_done: str) -> None:
+    def __init__(
+        self, signal_name: str, going_to: str, not_done: str, times: JobTimes | None = None
+    ) -> None:
         self.signal_name, self.going_to, self.not_done = signal_name, going_to, not_done
         self.signalled = stop_signals.received_at() or time.time()
         job_id = slurm_job_id()
-        self.times = job_times(job_id) if job_id else None
-        self.alarm_set = False
+        self.times = times or (job_times(job_id) if job_id else None)
+        self.alarm_set = self.announced = False
         self.previous_alarm: Any = signal.SIG_DFL
 
     @property
@@ -128,6 +143,7 @@ class FirstSaveDue:
         return self.times.ends - SAVE_RESERVE_S if self.times else None
 
     def announce(self, where: str) -> None:
+        self.announced = True
         left = f"; the job ends in {self.times.ends - time.time():.0f} s" if self.times else ""
         log.warning(
             "Received %s %s, before this start had anything to save: requeued now, the job would "
@@ -154,7 +170,7 @@ class FirstSaveDue:
         """An alarm at the deadline ends the run from wherever it is (a step that takes too long,
         a validation on the way): it has nothing to lose."""
         deadline = self.deadline
-        if deadline is None:
+        if deadline is None or self.alarm_set:
             return
         left = deadline - time.time()
         if left <= 0:
@@ -188,13 +204,12 @@ class FirstSaveDue:
 
 def stop(trainer: L.Trainer, where: str, saved: Path | None, requeue: bool = True) -> Preempted:
     """The exception that ends the run; for SIGUSR1/SIGUSR2 under SLURM (the warning that
-    `sbatch --signal` and submitit send before the time limit) the job is requeued first."""
+    `sbatch --signal` and submitit send before the time limit) the first rank requeues the job
+    as the command ends (`Preempted.finish`)."""
     received = stop_signals.received()
     name = received.name if received else "a signal on another rank"
-    requeued = (
-        requeue and name in REQUEUE_SIGNALS and trainer.is_global_zero and requeue_slurm_job()
-    )
-    return Preempted(name, where, saved, requeued)
+    due = requeue and name in REQUEUE_SIGNALS and trainer.is_global_zero and bool(slurm_job_id())
+    return Preempted(name, where, saved, due)
 
 
 class Preemption(Checkpoint):
@@ -236,6 +251,28 @@ class Preemption(Checkpoint):
         self.step_ended = 0.0  # time.monotonic() at the end of the last step (or the start)
         self.first_save: FirstSaveDue | None = None
 
+    def answer_warnings_in_start_up(self) -> None:
+        """Called as `fit` is about to start: from here to the loop (preparing and setting up the
+        data, the callbacks and the model, compiling, restoring), a requeue warning sets the
+        job's deadline at once, so that a start-up longer than the time left ends in one line
+        (`FirstSaveDue`), not in SLURM's TIMEOUT. The job's times are asked of SLURM now, not in
+        the signal's handler."""
+        job_id = slurm_job_id() if self.requeue else None
+        times = job_times(job_id) if job_id else None
+        if times is None:
+            return
+
+        def warned() -> None:
+            name = self.requeue_warning()
+            if name is not None and self.first_save is None:
+                self.first_save = FirstSaveDue(
+                    name, "the first step that it can save", "reached a step it could save", times
+                )
+                self.first_save.arm()
+
+        stop_signals.when_warned(warned)
+        warned()  # a warning that came before
+
     def requeue_warning(self) -> str | None:
         """The signal received, where stopping on it would requeue the job."""
         received = stop_signals.received()
@@ -245,6 +282,8 @@ class Preemption(Checkpoint):
 
     def go_on_to_first_save(self, name: str, where: str, testing: bool = False) -> None:
         if self.first_save is not None:
+            if not self.first_save.announced:  # set by a warning during the setup
+                self.first_save.announce(where)
             return
         if testing:
             self.first_save = FirstSaveDue(name, "the end of the test", "finished its test")

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..callbacks import ExactResume, MonitoredMetricLogged, RunConfigInCheckpoint
 from ..callbacks.exact_resume import fit_state
 from ..callbacks.monitored_metric import MetricNotLogged, not_logged
-from ..callbacks.preemption import stop
+from ..callbacks.preemption import Preemption, stop
 from ..checkpointing.door import read_fit_state
 from ..checkpointing.saving import finish_checkpoint_writes
 from ..errors import PACKAGE, ConfigError, TrainingError, raised_by_a_spawned_process
@@ -282,6 +282,9 @@ def fit(
     progress.restores_stop = not finished.get("fit_finished")
     output_dir = Path(cfg.paths.output_dir)
     with bad_data_leaves_no_logs(trainer, output_dir, run.found), fit_setting_errors(cfg):
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, Preemption):
+                callback.answer_warnings_in_start_up()
         before = validate_before_fine_tuning(cfg, trainer, model, datamodule)
         trainer.fit(model, datamodule, ckpt_path=start.path, weights_only=start.weights_only)
         stop_signals.rearm()

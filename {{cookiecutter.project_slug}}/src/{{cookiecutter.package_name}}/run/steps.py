@@ -57,15 +57,16 @@ def exit_143_on_stop_signals() -> Iterator[None]:
     """Watch SIGTERM/SIGUSR1/SIGUSR2 and Ctrl-C for the whole run; a run stopped by one exits with
     code 143 (130 for Ctrl-C; never 0: a scheduler would record success), also where Lightning's
     own handler stopped it."""
-    with stop_signals.watch():
-        try:
+    try:
+        with stop_signals.watch():
             yield
-        except Preempted as stopped:
-            log.warning("%s" if stopped.by_ctrl_c else "Stopped: %s", stopped)
-            raise SystemExit(stopped.exit_code) from None
-        except SIGTERMException:
-            log.warning("Stopped by SIGTERM; run the same command to resume.")
-            raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
+    except Preempted as stopped:
+        said = stopped.finish()
+        log.warning("%s" if stopped.by_ctrl_c else "Stopped: %s", said)
+        raise SystemExit(stopped.exit_code) from None
+    except SIGTERMException:
+        log.warning("Stopped by SIGTERM; run the same command to resume.")
+        raise SystemExit(stop_signals.STOPPED_BY_SIGNAL_EXIT_CODE) from None
 
 
 def leave_process_group() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -79,12 +79,24 @@ def interrupt_from_startup() -> None:
         signal.signal(signal.SIGINT, _interrupt)
 
 
+_when_warned: Callable[[], None] | None = None
+
+
+def when_warned(answer: Callable[[], None] | None) -> None:
+    """`answer` is called once a stop signal has been recorded during the run (in the signal's
+    handler: it may raise), until `watch` ends."""
+    global _when_warned
+    _when_warned = answer
+
+
 def _record(number: int, frame: FrameType | None) -> None:
     global _received, _received_at
     if number == signal.SIGINT:
         _second_interrupt_ends_at_once()
     if _received is None:
         _received, _received_at = signal.Signals(number), time.time()
+        if _when_warned is not None:
+            _when_warned()
 
 
 def _record_before_the_run(number: int, frame: FrameType | None) -> None:
@@ -181,4 +193,5 @@ def watch(names: Iterable[str] = STOP_SIGNALS) -> Iterator[None]:
         for number, handler in previous.items():
             signal.signal(number, handler)
         _watched, _sigterm_recorded = (), False
+        when_warned(None)
         kill_daemon_children()

@@ -65,31 +65,42 @@ def write_job_return(job_return: JobReturn) -> None:
         write_text_atomically(json.dumps(record) + "\n", output_dir / RETURN_FILE)
 
 
-def read_record(job_dir: Path) -> dict[str, Any]:
-    """The job's record, opened without following a link, as a regular file of at most
-    MOST_BYTES."""
+def read_small_json(path: Path) -> Any:
+    """A JSON file of a sweep's folders, opened without following a link, as a regular file of
+    at most MOST_BYTES; any failure is one ValueError that says what the file is not."""
     try:
-        descriptor = os.open(job_dir / RETURN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
-        raise UnreadableReturn(f"{RETURN_FILE} cannot be opened ({error.strerror})") from None
+        raise ValueError(f"{path.name} cannot be opened ({error.strerror})") from None
     with os.fdopen(descriptor, "rb") as file:
         status = os.fstat(file.fileno())
         if not stat.S_ISREG(status.st_mode):
-            raise UnreadableReturn(f"{RETURN_FILE} is not a regular file")
+            raise ValueError(f"{path.name} is not a regular file")
         data = file.read(MOST_BYTES + 1)
+    if len(data) > MOST_BYTES:
+        raise ValueError(f"{path.name} is larger than {MOST_BYTES} bytes")
     try:
-        if len(data) > MOST_BYTES:
-            raise ValueError(f"larger than {MOST_BYTES} bytes")
-        record = json.loads(data)
+        return json.loads(data)
+    except Exception as error:  # json's decoding and recursion errors alike
+        reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
+        raise ValueError(f"{path.name} is not JSON ({reason})") from None
+
+
+def read_record(job_dir: Path) -> dict[str, Any]:
+    """The job's record (`read_small_json`), checked to be one."""
+    try:
+        record = read_small_json(job_dir / RETURN_FILE)
+    except ValueError as error:
+        raise UnreadableReturn(str(error)) from None
+    try:
         if not isinstance(record, dict) or record.get("status") not in ("COMPLETED", "FAILED"):
             raise ValueError("not a job's record")
         if record["status"] == "FAILED" and not all(
             isinstance(record.get(key), str) for key in ("kind", "message")
         ):
             raise ValueError("a failure without its kind and message")
-    except Exception as error:  # json's, and the checks': all mean a record that is not one
-        reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
-        raise UnreadableReturn(f"{RETURN_FILE} is not a job's record ({reason})") from None
+    except ValueError as error:
+        raise UnreadableReturn(f"{RETURN_FILE} is not a job's record ({error})") from None
     return record
 
 
