@@ -276,11 +276,11 @@ def task_shell() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.02, 0.05])
+@pytest.mark.parametrize("delay", [0.02])
 def test_a_warning_while_python_itself_starts_is_held_by_the_sbatch_task_shell(
     delay: float, tmp_path: Path
 ) -> None:
-    """SIGUSR1 to the task's whole process group (as SLURM signals a step) 20 or 50 ms after it
+    """SIGUSR1 to the task's whole process group (as SLURM signals a step) 20 ms after it
     starts, while Python is still starting, before the command's first instruction can record
     anything: started as scripts/slurm.sbatch starts a task, the warning is held, then answered
     as any other (requeued; without that shell the command dies of it, exit -10)."""

@@ -305,6 +305,7 @@ class Preemption(Checkpoint):
         """A requeue warning that came before training (the ranks agree on it, and from here on
         stop at the same step)."""
         stop_signals.reassert()
+        stop_signals.when_warned(None)  # the loop answers warnings from here on
         self.trained_from, self.step_ended = trainer.global_step, time.monotonic()
         name = self.requeue_warning()
         warned = name is not None
@@ -319,6 +320,7 @@ class Preemption(Checkpoint):
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         stop_signals.reassert()
+        stop_signals.when_warned(None)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.stop_alarm()
