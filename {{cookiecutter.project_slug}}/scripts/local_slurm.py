@@ -63,6 +63,9 @@ def config(folder: Path, host: str, port: int) -> str:
     return f"""\
 ClusterName=local
 SlurmctldHost={host}
+# Job ids from a block of their own per cluster: two clusters on one machine (the tests start one
+# per pytest worker) would otherwise both run a job 1, and Lightning derives a DDP port from it.
+FirstJobId={1 + port % 90 * 100}
 SlurmctldPort={port}
 SlurmdPort={port + 1}
 AuthType=auth/none
