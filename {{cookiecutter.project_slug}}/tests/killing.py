@@ -74,13 +74,15 @@ def entry_point(entry: str) -> list[str]:
 
 
 def start(
-    args: list[str], cwd: Path, env: dict[str, str] | None = None, entry: str = "train"
-) -> subprocess.Popen[str]:
-    """The train (or eval) command in its own process group, as a shell starts a job."""
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, entry: str = "train",
+    under: tuple[str, ...] = (),
+) -> subprocess.Popen[str]:  # fmt: skip
+    """The train (or eval) command in its own process group, as a shell starts a job (`under`
+    a command that starts it, if any)."""
     cwd.mkdir(parents=True, exist_ok=True)
     python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen(
-        [sys.executable, *entry_point(entry), *args],
+        [*under, sys.executable, *entry_point(entry), *args],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": python_path, "PYTHONFAULTHANDLER": "1", **(env or {})},
         stdout=subprocess.PIPE,

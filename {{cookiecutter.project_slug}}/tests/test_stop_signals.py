@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -256,14 +257,7 @@ def test_a_warning_while_the_command_starts_is_kept_and_the_job_requeued(
     default action, which ended the job unsaved and never requeued (rc 138)."""
     env = fake_scontrol(tmp_path)
     running = start([*SMALL_RUN, "trainer.max_epochs=1"], tmp_path / "job", env)
-    try:
-        time.sleep(delay)
-        running.send_signal(signal.SIGUSR1)
-        code, output = finish(running, timeout=300)
-    finally:
-        if running.poll() is None:
-            os.killpg(running.pid, signal.SIGKILL)
-            running.wait()
+    code, output = warned_after(running, delay, running.send_signal)
     assert code == 143, f"exit {code}: {output[-3000:]}"
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     assert "requeued the job" in output and "Traceback" not in output, output[-3000:]
@@ -275,33 +269,33 @@ def task_shell() -> str:
     return script.split("<<'TASK' || true\n", 1)[1].split("\nTASK\n", 1)[0]
 
 
+def warned_after(
+    running: subprocess.Popen[str], delay: float, send: Callable[[int], object]
+) -> tuple[int, str]:
+    """SIGUSR1 `delay` s after the start (`send`: to the process, or to its group), then the
+    command's exit code and output."""
+    try:
+        time.sleep(delay)
+        send(signal.SIGUSR1)
+        return finish(running, timeout=300)
+    finally:
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.wait()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.02])
 def test_a_warning_while_python_itself_starts_is_held_by_the_sbatch_task_shell(
-    delay: float, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """SIGUSR1 to the task's whole process group (as SLURM signals a step) 20 ms after it
     starts, while Python is still starting, before the command's first instruction can record
     anything: started as scripts/slurm.sbatch starts a task, the warning is held, then answered
     as any other (requeued; without that shell the command dies of it, exit -10)."""
     env = fake_scontrol(tmp_path)
-    (tmp_path / "job").mkdir()
-    python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
-    task = subprocess.Popen(
-        ["bash", "-c", task_shell(), "task", sys.executable, "-m", PACKAGE, *SMALL_RUN,
-         "trainer.max_epochs=1"],
-        cwd=tmp_path / "job", env={**os.environ, "PYTHONPATH": python_path, **env},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        time.sleep(delay)
-        os.killpg(task.pid, signal.SIGUSR1)
-        code, output = finish(task, timeout=300)
-    finally:
-        if task.poll() is None:
-            os.killpg(task.pid, signal.SIGKILL)
-            task.wait()
+    under = ("bash", "-c", task_shell(), "task")
+    task = start([*SMALL_RUN, "trainer.max_epochs=1"], tmp_path / "job", env, under=under)
+    code, output = warned_after(task, 0.02, lambda number: os.killpg(task.pid, number))
     assert code == 143, f"exit {code}: {output[-3000:]}"
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     (stopped,) = re.findall(r"Stopped: (SIGUSR1 .*)", output)
