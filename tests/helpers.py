@@ -213,6 +213,8 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/test_doctor.py",
         "tests/test_resume.py",
         "tests/killing.py",
+        "tests/warm_start.py",
+        "tests/test_warm_start.py",
         "tests/test_kill_phases.py",
         "tests/test_kill_configs.py",
         "tests/test_stop_signals.py",

@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from . import warm_start
 from .helpers import PROJECT_ROOT, ComposeFn, compose_config
 from .killing import References, run
 
@@ -17,12 +18,15 @@ from .killing import References, run
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist the workers share the cores: each worker, and every run it starts, gets
     its share of torch threads instead of all of them (on two cores this cut the suite's wall time
-    by a sixth and its CPU time by a quarter)."""
+    by a sixth and its CPU time by a quarter). Each process that runs tests starts its server of
+    commands forked with torch and Hydra imported (tests/warm_start.py) while it collects."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
+    if "PYTEST_XDIST_WORKER" in os.environ or not getattr(config.option, "numprocesses", None):
+        warm_start.prepare()  # where tests run (not in xdist's controller)
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,6 +16,8 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
+
+from . import warm_start
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 CONFIG_MODULE = f"{PACKAGE}.configs"
@@ -99,15 +103,34 @@ def run_commands(
 
 
 def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, input: str | None = None
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`python <args>`; its standard input is `input`, or nothing."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        input="" if input is None else input,
-    )
+    """`python <args>`; its standard input is `input`, or nothing. Without input it is forked
+    from a process that has imported torch and Hydra (tests/warm_start.py) unless `fresh`: a
+    test of what a command imports, or of its start, asks for a new interpreter."""
+    environment = {**os.environ, **(env or {})}
+    forked = None
+    if not (fresh or input):
+        forked = warm_start.start(list(args), cwd, environment, merged=False, session=False)
+    if forked is None:
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=cwd,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            input="" if input is None else input,
+        )
+    try:
+        stdout, stderr = forked.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(forked.pid, signal.SIGKILL)
+        forked.communicate()
+        raise
+    return subprocess.CompletedProcess(forked.args, forked.wait(), stdout, stderr or "")

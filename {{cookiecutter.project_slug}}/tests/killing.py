@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import warm_start
 from .helpers import PACKAGE, PROJECT_ROOT
 
 TIMING_KEYS = ("perf/",)
@@ -80,11 +81,10 @@ def start(
     """The train (or eval) command in its own process group, as a shell starts a job (`under`
     a command that starts it, if any)."""
     cwd.mkdir(parents=True, exist_ok=True)
-    python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen(
         [*under, sys.executable, *entry_point(entry), *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": python_path, "PYTHONFAULTHANDLER": "1", **(env or {})},
+        env=environment_with(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -94,13 +94,21 @@ def start(
     )
 
 
+def environment_with(env: dict[str, str] | None) -> dict[str, str]:
+    """This one, the project importable (tests.faults), stacks on a fatal signal, and `env`."""
+    python_path = os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": python_path, "PYTHONFAULTHANDLER": "1", **(env or {})}
+
+
 def answer_ctrl_c() -> None:
     """SIGINT as a terminal's command gets it, also where the tests run in the background (whose
     commands inherit SIGINT ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 600) -> tuple[int, str]:
+def finish(
+    process: subprocess.Popen[str] | warm_start.WarmProcess, timeout: float = 600
+) -> tuple[int, str]:
     """The exit code and output of a `start`ed command; one still running after `timeout` (or
     whose pipe a leftover process of it holds) fails the test with every process's stacks."""
     try:
@@ -129,7 +137,11 @@ def signal_group(group: int, signal_number: int) -> None:
 def run(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, entry: str = "train"
 ) -> tuple[int, str]:
-    return finish(start(args, cwd, env, entry))
+    """The command run to its end: forked from a process that has imported torch and Hydra
+    already (tests/warm_start.py), or started anew where its environment asks for that."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    forked = warm_start.start([*entry_point(entry), *args], cwd, environment_with(env))
+    return finish(forked or start(args, cwd, env, entry))
 
 
 def run_dir(cwd: Path) -> Path:

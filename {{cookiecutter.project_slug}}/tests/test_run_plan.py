@@ -86,7 +86,7 @@ def test_a_mistyped_setting_on_the_command_line_is_one_line_and_writes_nothing(
         "try:\n    train()\nexcept SystemExit as ended:\n    print('EXIT', ended.code)\n"
         "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_NOT_IMPORTED')\n"
     )
-    result = run_cli("-c", probe, cwd=tmp_path)
+    result = run_cli("-c", probe, cwd=tmp_path, fresh=True)
     assert result.stderr.strip() == "error: seed=1.5: use a whole number, or null."
     assert "EXIT 1" in result.stdout and "TORCH_NOT_IMPORTED" in result.stdout
     assert not (tmp_path / "logs").exists()

@@ -178,7 +178,7 @@ def test_help_does_not_import_torch(tmp_path: Path) -> None:
         "try:\n    train()\nexcept SystemExit:\n    pass\n"
         "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_NOT_IMPORTED')\n"
     )
-    result = run_cli("-c", probe, cwd=tmp_path)
+    result = run_cli("-c", probe, cwd=tmp_path, fresh=True)
     assert "Config groups" in result.stdout
     assert "TORCH_NOT_IMPORTED" in result.stdout
 
