@@ -115,7 +115,7 @@ def run_cli(
     environment = {**os.environ, **(env or {})}
     forked = None
     if not (fresh or input):
-        forked = warm_start.start(list(args), cwd, environment, merged=False, session=False)
+        forked = warm_start.start(list(args), cwd, environment, env, merged=False, session=False)
     if forked is None:
         return subprocess.run(
             [sys.executable, *args],

@@ -140,7 +140,7 @@ def run(
     """The command run to its end: forked from a process that has imported torch and Hydra
     already (tests/warm_start.py), or started anew where its environment asks for that."""
     cwd.mkdir(parents=True, exist_ok=True)
-    forked = warm_start.start([*entry_point(entry), *args], cwd, environment_with(env))
+    forked = warm_start.start([*entry_point(entry), *args], cwd, environment_with(env), env)
     return finish(forked or start(args, cwd, env, entry))
 
 

@@ -7,9 +7,10 @@ as `python -m <package> ...` (or `python -c ...`) would run it (its own session 
 working directory, environment, sys.path and sys.argv, standard streams on a pipe, signals as
 Python starts them, Python's exit: threads joined, atexit run, the exit code of its SystemExit)
 and the server reports how it ended. What differs from a new interpreter: what those libraries
-read from the environment while importing, so a command whose environment differs there starts
-as a real process (`usable`); and the hash seed, which all children share. Tests about a command's
-own start (a signal while Python starts, a wrapper shell) use real processes (`killing.start`).
+read from the environment while importing, so a command whose test sets such a variable starts
+anew (`usable`); what they print while importing, so the server forks nothing if they printed
+anything (a new interpreter would show it); and the hash seed, which all share. Tests about a
+command's own start (a signal while Python starts, a wrapper shell) use new interpreters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -39,6 +41,10 @@ IMPORT_TIME_PREFIXES = (
     "KMP_", "LD_", "MALLOC", "PYTHON",
 )  # fmt: skip
 RUNTIME_PYTHON_VARIABLES = ("PYTHONPATH", "PYTHONFAULTHANDLER")
+INHERITED_SIGNALS = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGHUP,
+    signal.SIGQUIT,
+)  # fmt: skip
 SERVE = "import sys; from tests.warm_start import serve; serve(int(sys.argv[1]))"
 
 
@@ -47,7 +53,8 @@ class WarmProcess:
     its output (standard output and error in one pipe, or each in its own) and exit code."""
 
     def __init__(self, args: list[str], pid: int, pipes: list[int], server: Server) -> None:
-        self.args, self.pid, self.returncode = args, pid, None
+        self.args, self.pid = args, pid
+        self.returncode: int | None = None
         self._pipes, self._server = pipes, server
         self._read = [bytearray() for _ in pipes]
 
@@ -102,12 +109,13 @@ class Server:
         self.busy = threading.Lock()
         atexit.register(self.close)
 
-    def usable(self, environment: dict[str, str]) -> bool:
-        """Whether a command with this environment runs the same forked as started anew."""
-        names = set(environment) | set(self.environment)
+    def usable(self, asked: dict[str, str]) -> bool:
+        """Whether a command whose test sets these variables runs the same forked as started
+        anew. (The rest of its environment is this process's, which Lightning and torch change
+        as in-process tests run, at run time: PYTORCH_NVML_BASED_CUDA_CHECK, say.)"""
         return not any(
-            environment.get(name) != self.environment.get(name)
-            for name in names
+            value != self.environment.get(name)
+            for name, value in asked.items()
             if name.startswith(IMPORT_TIME_PREFIXES) and name not in RUNTIME_PYTHON_VARIABLES
         )
 
@@ -116,7 +124,17 @@ class Server:
     ) -> WarmProcess:
         pipes = [os.pipe() for _ in range(1 if merged else 2)]
         writes = [write for _, write in pipes] * (2 if merged else 1)
-        request = {"argv": argv, "cwd": str(cwd), "env": environment, "session": session}
+        # Ignored signals stay ignored across exec, as in a command this process starts; a
+        # session of its own answers Ctrl-C (killing.start's answer_ctrl_c).
+        ignored = [
+            int(number) for number in INHERITED_SIGNALS
+            if signal.getsignal(number) == signal.SIG_IGN
+            and not (session and number == signal.SIGINT)
+        ]  # fmt: skip
+        request = {
+            "argv": argv, "cwd": str(cwd), "env": environment, "session": session,
+            "ignored": ignored,
+        }  # fmt: skip
         try:
             socket.send_fds(self.socket, [json.dumps(request).encode()], writes)
         finally:
@@ -164,19 +182,20 @@ def prepare() -> None:
 
 
 def start(
-    argv: list[str], cwd: Path, environment: dict[str, str], merged: bool = True,
-    session: bool = True,
+    argv: list[str], cwd: Path, environment: dict[str, str], asked: dict[str, str] | None,
+    merged: bool = True, session: bool = True,
 ) -> WarmProcess | None:  # fmt: skip
     """`python <argv>` (`-m module ...`, `-c code ...` or `script ...`) forked from this process's
     server, its standard error `merged` into its output or apart, in a `session` and process group
-    of its own or in this process's group; None where it must start anew:
-    another option, the server busy with another command of this test, the environment differs."""
+    of its own or in this process's group; None where it must start anew: another option, the
+    server busy with another command of this test, a variable the test `asked` for that the
+    preloaded libraries read while importing."""
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-m", "-c")):
         return None
     if _server is None:
         prepare()
     assert _server is not None
-    if not _server.usable(environment) or not _server.busy.acquire(blocking=False):
+    if not _server.usable(asked or {}) or not _server.busy.acquire(blocking=False):
         return None
     try:
         return _server.start(argv, cwd, environment, merged, session)
@@ -190,8 +209,7 @@ def start(
 
 
 def serve(fd: int) -> None:
-    for name in PRELOADED:
-        __import__(name)
+    printed = preload()
     channel = socket.socket(fileno=fd)
     base_path = [entry for entry in sys.path if entry and entry not in python_path(os.environ)]
     while True:
@@ -202,6 +220,12 @@ def serve(fd: int) -> None:
         if not message:
             return
         request, (output, error) = json.loads(message), fds
+        if printed:  # a new interpreter would print it too: forking would hide it from the tests
+            os.close(output)
+            os.close(error)
+            refusal = {"error": f"importing {PRELOADED} printed {printed!r}"}
+            channel.send(json.dumps(refusal).encode())
+            continue
         if threading.active_count() != 1:  # (numpy's BLAS pool is idle and handles a fork)
             channel.send(json.dumps({"error": "a Python thread runs: forking is unsafe"}).encode())
             continue
@@ -218,6 +242,28 @@ def serve(fd: int) -> None:
         channel.send(json.dumps({"exit_code": os.waitstatus_to_exitcode(status)}).encode())
 
 
+def preload() -> str:
+    """Import PRELOADED; what that printed (a warning, say), which should be nothing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 1)
+        os.dup2(captured.fileno(), 2)
+        try:
+            for name in PRELOADED:
+                __import__(name)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+        captured.seek(0)
+        return captured.read().decode(errors="replace")
+
+
 def python_path(environment: Any) -> list[str]:
     return [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
@@ -226,9 +272,11 @@ def become(request: dict[str, Any], output: int, error: int, base_path: list[str
     """The forked child: the command as a new interpreter would run it; never returns."""
     if request["session"]:
         os.setsid()
-    for number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGHUP):
+    for number in INHERITED_SIGNALS:
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in request["ignored"]:
+        signal.signal(number, signal.SIG_IGN)
     os.chdir(request["cwd"])
     nothing = os.open(os.devnull, os.O_RDONLY)
     os.dup2(nothing, 0)
