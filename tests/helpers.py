@@ -426,7 +426,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def run(
     command: list[str], cwd: Path, timeout: int = 3300, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """A step of a baked project (the longest: its slow suite, about 40 minutes on two cores;
+    """A step of a baked project (the longest: its slow suite, about 30 minutes on two cores;
     the bound leaves room for a slower machine, within CI's 90 minutes)."""
     return subprocess.run(
         command,
