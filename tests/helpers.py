@@ -206,6 +206,7 @@ def expected_files(answers: dict[str, str], package: str) -> set[str]:
         "tests/test_errors.py",
         "tests/fuzzing.py",
         "tests/test_fuzz_doors.py",
+        "tests/test_file_reads.py",
         "tests/helpers.py",
         "tests/test_bench.py",
         "tests/test_configs.py",

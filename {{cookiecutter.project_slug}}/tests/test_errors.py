@@ -223,7 +223,7 @@ TRAIN_CASES = {
     "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
     "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
     "missing data path": (MISSING_DATA[0].split(), [MISSING_DATA[1]]),
-    "unreadable data file": (UNREADABLE_DATA.split(), ["cannot read", "unreadable"]),
+    "unreadable data file": (UNREADABLE_DATA.split(), ["cannot be read", "unreadable"]),
     "ckpt_path a folder": (["ckpt_path={dir}"], ["is a folder", ".ckpt"]),
     "ckpt_path a list": (["ckpt_path={dir}/a_list.ckpt"], ["ckpt_path=", "holds a list"]),
     "ckpt_path with NaN weights": (["ckpt_path={dir}/diverged.ckpt"], ["ckpt_path=", "NaN or infinite", "w, v"]),

@@ -35,7 +35,15 @@ from {{ cookiecutter.package_name }}.recipes.prepare import (
     prepare,
 )
 
-from .fuzzing import CASES, door_holds, mutate_bytes, mutated_json_text
+from .fuzzing import (
+    CASES,
+    door_holds,
+    must_refuse,
+    mutate_bytes,
+    mutated_json_text,
+    remove,
+    write_case,
+)
 from .test_llama_family import CHATML, CONVERSATION, built, chat_folder, save_family
 from .test_token_shards import PREPARED, prepare_config, write_corpus
 
@@ -80,8 +88,13 @@ def test_hugging_face_config_and_shard_index(llama_folder: Path, tmp_path: Path)
         shutil.copytree(llama_folder, folder)
         valid = json.loads((llama_folder / name).read_text())
         for case in range(CASES):
-            (folder / name).write_bytes(mutated_json_text(valid, rng))
-            door_holds(lambda: load_hugging_face(net, folder), f"{name} case {case}")  # noqa: B023
+            good = (llama_folder / name).read_bytes()
+            kind = write_case(folder / name, mutated_json_text(valid, rng), rng, good)
+            door_holds(
+                lambda: load_hugging_face(net, folder),  # noqa: B023
+                f"{name} case {case} ({kind})",
+                must_refuse(kind, own_file=True),
+            )
 
 
 def test_safetensors_weights(llama_folder: Path, tmp_path: Path) -> None:
@@ -96,8 +109,14 @@ def test_safetensors_weights(llama_folder: Path, tmp_path: Path) -> None:
         header = int.from_bytes(valid[:8], "little") + 8
         # Most flips land in the header (names, shapes, offsets), where parsers break.
         head, rest = valid[:header], valid[header:]
-        shard.write_bytes(mutate_bytes(head, rng) + rest if case % 3 else mutate_bytes(valid, rng))
-        door_holds(lambda: load_hugging_face(net, folder), f"{shard.name} case {case}")
+        mutated = mutate_bytes(head, rng) + rest if case % 3 else mutate_bytes(valid, rng)
+        kind = write_case(shard, mutated, rng, valid)
+        door_holds(
+            lambda: load_hugging_face(net, folder),
+            f"{shard.name} case {case} ({kind})",
+            must_refuse(kind, own_file=True),
+        )
+        remove(shard)
         shard.write_bytes(valid)
     with torch.no_grad():
         load_hugging_face(net, folder)  # the intact folder still loads
@@ -109,13 +128,14 @@ def test_tokenizer_json(tmp_path: Path) -> None:
     path = tmp_path / "tokenizer.json"
     rng = random.Random(4)
     for case in range(CASES):
-        path.write_bytes(mutated_json_text(valid, rng))
+        good = (folder / "tokenizer.json").read_bytes()
+        kind = write_case(path, mutated_json_text(valid, rng), rng, good)
 
         def door() -> None:
             tokenizer = tokenizer_file("data.tokenizer", str(path), "give another")
             tokenizer.decode(tokenizer.encode("Reverse: owl"))
 
-        door_holds(door, f"case {case}")
+        door_holds(door, f"case {case} ({kind})", must_refuse(kind, own_file=False))
 
 
 def test_chat_template(tmp_path: Path) -> None:
@@ -125,10 +145,11 @@ def test_chat_template(tmp_path: Path) -> None:
     for case in range(CASES):
         if case % 2:
             text = mutate_bytes(CHATML.encode(), rng).decode("utf-8", "replace")
-            changed = {**config, "chat_template": text}
-            (folder / "tokenizer_config.json").write_text(json.dumps(changed))
+            written = json.dumps({**config, "chat_template": text}).encode()
         else:
-            (folder / "tokenizer_config.json").write_bytes(mutated_json_text(config, rng))
+            written = mutated_json_text(config, rng)
+        good = json.dumps(config).encode()
+        kind = write_case(folder / "tokenizer_config.json", written, rng, good)
 
         def door() -> None:
             template = ChatTemplate.load(str(folder))
@@ -137,7 +158,7 @@ def test_chat_template(tmp_path: Path) -> None:
             except ValueError as error:  # a record's one line, as load_splits words it
                 raise ConfigError(f"line 1: {error}") from None
 
-        door_holds(door, f"case {case}")
+        door_holds(door, f"case {case} ({kind})", must_refuse(kind, own_file=True))
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +191,18 @@ def test_token_shard_folders(shard_folder: Path, tmp_path: Path) -> None:
     for case in range(CASES):
         if case % 2:
             name = MANIFEST
-            (folder / name).write_bytes(mutated_json_text(manifest, rng))
+            good = (shard_folder / name).read_bytes()
+            kind = write_case(folder / name, mutated_json_text(manifest, rng), rng, good)
         else:
             name = rng.choice(shards)
-            (folder / name).write_bytes(mutate_bytes((shard_folder / name).read_bytes(), rng))
+            good = (shard_folder / name).read_bytes()
+            kind = write_case(folder / name, mutate_bytes(good, rng), rng, good)
         verify = case % 4 < 2
-        door_holds(lambda: read_every_split(folder, verify), f"{name} case {case}")  # noqa: B023
+        door_holds(
+            lambda: read_every_split(folder, verify),  # noqa: B023
+            f"{name} case {case} ({kind})",
+            must_refuse(kind, own_file=True),
+        )
+        remove(folder / name)
         shutil.copy(shard_folder / name, folder / name)
     read_every_split(folder, verify_checksums=False)  # the intact folder still reads

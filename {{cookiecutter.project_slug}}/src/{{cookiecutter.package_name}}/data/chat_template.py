@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .folder_files import file_in_folder, read_bounded
 
 CONFIG = "tokenizer_config.json"
 TEMPLATE = "chat_template.jinja"
@@ -29,13 +30,7 @@ Parts = list[tuple[str, bool]]
 
 
 def read_limited(path: Path, where: str) -> str:
-    try:
-        with path.open("rb") as file:
-            data = file.read(FILE_LIMIT + 1)
-    except OSError as error:
-        raise ConfigError(f"{where}: {path} cannot be read ({error.strerror or error}).") from None
-    if len(data) > FILE_LIMIT:
-        raise ConfigError(f"{where}: {path} is larger than {FILE_LIMIT >> 20} MiB: not a template.")
+    data = read_bounded(path, FILE_LIMIT, f"{where}: {path}", "not a template's settings")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -94,10 +89,10 @@ class ChatTemplate:
         path = Path(choice).expanduser()
         where = f"{SETTING}={choice}"
         folder = path if path.is_dir() else path.parent
-        config_path = folder / CONFIG
-        if not config_path.is_file():
+        config_path = file_in_folder(folder, CONFIG, where)
+        if config_path is None:
             raise ConfigError(
-                f"{where}: {config_path} is not a file; the template's end-of-turn token is "
+                f"{where}: {folder / CONFIG} is not a file; the template's end-of-turn token is "
                 f"its eos_token: give a model folder that holds {CONFIG}."
             )
         try:
@@ -106,8 +101,10 @@ class ChatTemplate:
             raise ConfigError(f"{where}: {CONFIG} is not JSON ({first_line(error)}).") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{where}: {CONFIG} holds no object of settings.")
-        jinja_path = path if path.suffix == ".jinja" else folder / TEMPLATE
-        if jinja_path.is_file():
+        jinja_path = file_in_folder(
+            folder, path.name if path.suffix == ".jinja" else TEMPLATE, where
+        )
+        if jinja_path is not None:
             text = read_limited(jinja_path, where)
         else:
             found = template_text(config.get("chat_template"))

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from .errors import ConfigError
+from .folder_files import check_regular
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 # The only formats Pillow may try: no PostScript (EPS runs Ghostscript where it is installed), nor
@@ -18,7 +19,10 @@ IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "GIF", "WEBP", "TIFF")
 
 
 def open_image(file: str | Path | IO[bytes]) -> Image.Image:
-    """Pillow's lazy image of `file`, tried only as one of IMAGE_FORMATS."""
+    """Pillow's lazy image of `file`, tried only as one of IMAGE_FORMATS; a path only where it is
+    a regular file (a pipe or a device is refused, never waited on)."""
+    if isinstance(file, (str, Path)):
+        check_regular(Path(file), "the file")
     return Image.open(file, formats=IMAGE_FORMATS)
 
 

@@ -40,11 +40,13 @@ from torch.utils.data import Dataset, Sampler
 
 from .base import ResumableSampler, SplitDataModule, check_fractions, split_indices
 from .errors import ConfigError
+from .folder_files import read_bounded
 from .image_files import SUFFIXES, open_image
 
 log = logging.getLogger(__name__)
 
 MODES = {1: "L", 3: "RGB"}
+CSV_LIMIT = 256 << 20  # bytes: ImageNet's 1.3 million training images take about 60 MiB of rows
 
 # What the training sampler yields for each sample: (run seed, epoch, index in the split).
 SampleKey = tuple[int, int, int]
@@ -227,9 +229,10 @@ def scan_folder(root: Path) -> tuple[list[str], list[str], list[int]]:
 def read_csv(csv_path: Path) -> tuple[list[str], list[str], list[int]]:
     """Class names, image paths and class ids of a CSV file with a `path,label` header; paths are
     relative to the CSV file's folder, labels are class names."""
+    data = read_bounded(csv_path, CSV_LIMIT, f"data.csv={csv_path}", "split the data set")
     try:
-        lines = csv_path.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        lines = data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as error:
         raise ConfigError(
             f"data.csv={csv_path} cannot be read as UTF-8 text ({reason(error)})."
         ) from error
@@ -247,7 +250,11 @@ def read_csv(csv_path: Path) -> tuple[list[str], list[str], list[int]]:
         if not file or not label:
             raise ConfigError(f"data.csv={csv_path}, line {line}: the path or label is empty.")
         path = csv_path.parent / file
-        if not path.is_file():
+        try:
+            found = path.is_file()
+        except (OSError, ValueError):  # a name too long, a NUL byte
+            found = False
+        if not found:
             raise ConfigError(
                 f"data.csv={csv_path}, line {line}: {path} is not a file (paths are relative to "
                 "the CSV file's folder)."

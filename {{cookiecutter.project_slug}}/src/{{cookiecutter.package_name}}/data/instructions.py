@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 from .base import SplitDataModule, check_fractions, check_whole_numbers, split_indices
 from .chat_template import ChatTemplate
 from .errors import ConfigError
+from .folder_files import read_bounded
 from .tokenizer import BYTES, ByteTokenizer, TextTokenizer, tokenizer_file
 
 IGNORED = -100  # a target the loss skips (torch's cross_entropy ignore_index)
@@ -242,15 +243,7 @@ def read_records(source: str) -> list[tuple[int, Any]]:
                 f"{where} is not a file: point it at a JSONL file of instruction records "
                 f"(one JSON object a line), or use data.source={TOY}."
             )
-        try:
-            with path.open("rb") as file:
-                data = file.read(FILE_LIMIT + 1)
-        except OSError as error:
-            raise ConfigError(f"{where}: cannot read it ({error.strerror or error}).") from None
-        if len(data) > FILE_LIMIT:
-            raise ConfigError(
-                f"{where} holds more than {FILE_LIMIT >> 30} GiB: split it, or use token shards."
-            )
+        data = read_bounded(path, FILE_LIMIT, where, "split it, or use token shards")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import logging
+import math
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from .base import SplitDataModule, split_indices
 from .errors import ConfigError
+from .folder_files import read_bounded
 from .image_files import read_gray_images
 
 log = logging.getLogger(__name__)
@@ -33,29 +37,32 @@ FILES = {
     "t10k-labels-idx1-ubyte": "ec29112dd5afa0611ce80d1b7f02629c",
 }
 MEAN, STD = 0.1307, 0.3081
+IDX_LIMIT = 64 << 20  # bytes: the largest MNIST file (60,000 images of 28x28) holds 47 MB
 
 
 def read_idx(path: Path) -> torch.Tensor:
-    """Read an IDX file of unsigned bytes (the MNIST format), gzipped or not."""
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise ConfigError(
-            f"cannot read {path} ({reason}): make it readable, or delete it and download again."
-        ) from error
+    """Read an IDX file of unsigned bytes (the MNIST format), gzipped or not, of at most
+    IDX_LIMIT bytes unpacked."""
+    advice = "delete it and download again"
+    raw = read_bounded(path, IDX_LIMIT, f"data file {path}", f"not an MNIST file: {advice}")
+    if path.suffix == ".gz":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as file:
+                raw = file.read(IDX_LIMIT + 1)
+        except (OSError, EOFError, zlib.error) as error:
+            raise ConfigError(f"{path} is not a whole gzip file ({error}): {advice}.") from None
+        if len(raw) > IDX_LIMIT:
+            raise ConfigError(f"{path} unpacks to more than an MNIST file holds: {advice}.")
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise ConfigError(
-            f"{path} is not an IDX file of unsigned bytes; delete it and download again."
-        )
+        raise ConfigError(f"{path} is not an IDX file of unsigned bytes; {advice}.")
     ndim = raw[3]
     header = 4 + 4 * ndim
     shape = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = header + int(torch.tensor(shape).prod())
+    expected = header + math.prod(shape)
     if len(raw) != expected:
         raise ConfigError(
             f"{path} holds {len(raw)} bytes but its header promises {expected}; the file is "
-            "truncated or corrupt: delete it and download again."
+            f"truncated or corrupt: {advice}."
         )
     return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(shape)
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
+from .folder_files import file_in_folder, read_bounded
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -30,16 +31,10 @@ def whole(value: Any, low: int, high: float = math.inf) -> bool:
 
 
 def read_manifest(folder: Path, setting: str = "data.path") -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not path.is_file():
+    path = file_in_folder(folder, MANIFEST, f"{setting}={folder}")
+    if path is None:
         raise no_manifest(str(folder), setting)
-    try:
-        with path.open("rb") as file:
-            data = file.read(MANIFEST_BYTES + 1)
-    except OSError as error:
-        raise ConfigError(
-            f"{path} cannot be read ({error.strerror or error}): check the folder's permissions."
-        ) from None
+    data = read_bounded(path, MANIFEST_BYTES, str(path), "prepare the folder again")
     return parse_manifest(data, str(path))
 
 

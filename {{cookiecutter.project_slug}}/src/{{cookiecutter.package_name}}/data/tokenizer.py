@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import ConfigError
+from .folder_files import read_bounded
 
 END_OF_TEXT = "<|endoftext|>"
 BYTES = "bytes"
@@ -121,11 +122,12 @@ TOKENIZER_LIMIT = 64 << 20  # bytes: Llama 3's tokenizer.json is 9 MB, Gemma 3's
 
 
 def read_tokenizer_text(path: Path) -> str:
-    """A tokenizer.json's text, refused (ValueError) past TOKENIZER_LIMIT before it is read."""
-    with path.open("rb") as file:
-        data = file.read(TOKENIZER_LIMIT + 1)
-    if len(data) > TOKENIZER_LIMIT:
-        raise ValueError(f"it is larger than {TOKENIZER_LIMIT >> 20} MiB, which no tokenizer is")
+    """A tokenizer.json's text; ValueError, before a byte is read, where it is not a regular file
+    or is larger than TOKENIZER_LIMIT."""
+    try:
+        data = read_bounded(path, TOKENIZER_LIMIT, "the file", "no tokenizer is that large")
+    except ConfigError as error:
+        raise ValueError(str(error).rstrip(".")) from None
     return data.decode("utf-8")
 
 

@@ -65,25 +65,36 @@ def write_job_return(job_return: JobReturn) -> None:
         write_text_atomically(json.dumps(record) + "\n", output_dir / RETURN_FILE)
 
 
-def read_small_json(path: Path) -> Any:
-    """A JSON file of a sweep's folders, opened without following a link, as a regular file of
-    at most MOST_BYTES; any failure is one ValueError that says what the file is not."""
+def read_small_file(path: Path) -> bytes:
+    """A file of a sweep's folders, opened without following a link, as a regular file of at most
+    MOST_BYTES; any failure is one ValueError that says what the file is not."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
         raise ValueError(f"{path.name} cannot be opened ({error.strerror})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # before fdopen, which refuses a folder
+        os.close(descriptor)
+        raise ValueError(f"{path.name} is not a regular file")
     with os.fdopen(descriptor, "rb") as file:
-        status = os.fstat(file.fileno())
-        if not stat.S_ISREG(status.st_mode):
-            raise ValueError(f"{path.name} is not a regular file")
-        data = file.read(MOST_BYTES + 1)
+        try:
+            data = file.read(MOST_BYTES + 1)
+        except OSError as error:
+            raise ValueError(f"{path.name} cannot be read ({error.strerror})") from None
     if len(data) > MOST_BYTES:
         raise ValueError(f"{path.name} is larger than {MOST_BYTES} bytes")
+    return data
+
+
+def read_small_json(path: Path) -> Any:
+    """A JSON file of a sweep's folders (`read_small_file`); any failure is one ValueError."""
+    data = read_small_file(path)
     try:
-        return json.loads(data)
-    except Exception as error:  # json's decoding and recursion errors alike
+        value = json.loads(data)
+        json.dumps(value, ensure_ascii=False).encode()  # a lone surrogate ("\ud800") is no text
+    except Exception as error:  # json's decoding and recursion errors, and that, alike
         reason = (str(error).splitlines() or [type(error).__name__])[0][:200]
-        raise ValueError(f"{path.name} is not JSON ({reason})") from None
+        raise ValueError(f"{path.name} is not JSON of UTF-8 text ({reason})") from None
+    return value
 
 
 def read_record(job_dir: Path) -> dict[str, Any]:

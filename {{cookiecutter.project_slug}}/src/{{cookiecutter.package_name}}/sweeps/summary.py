@@ -20,6 +20,7 @@ from ..errors import ConfigError, TrainingError
 from ..files import write_text_atomically
 from ..run.settings import check_run_settings
 from .report import draw_summary, short_labels, significant
+from .returns import read_small_file, read_small_json
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +119,22 @@ class MultirunGuard(Callback):
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A job's record (its status, its metrics), or {} where it is missing or not an object."""
     try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
+        record = read_small_json(path)
+    except ValueError:
         return {}
+    return record if isinstance(record, dict) else {}
+
+
+def read_overrides(path: Path) -> list[str]:
+    """A job's overrides as written (an override may hold an interpolation that only its job's
+    config resolves); one that is not a list of overrides reads as its own line."""
+    try:
+        stored = OmegaConf.to_container(OmegaConf.create(read_small_file(path).decode()))
+    except Exception:  # YAML's and OmegaConf's errors alike: the summary is written anyway
+        return [f"(unreadable {path.parent.name}/{path.name})"]
+    return [str(o) for o in stored] if isinstance(stored, list) else [f"(no list in {path.name})"]
 
 
 def record_job_status(output_dir: Path, status: str, reason: str | None = None) -> None:
@@ -253,9 +266,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job directory; `overrides` keeps what tells the jobs apart."""
     jobs = []
     for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
-        # As written: an override may hold an interpolation that only its job's config resolves.
-        stored = OmegaConf.to_container(OmegaConf.load(overrides_file), resolve=False)
-        overrides = [str(o) for o in stored or []]
+        overrides = read_overrides(overrides_file)
         jobs.append((overrides_file.parents[1], [o for o in overrides if "optuna_trial." not in o]))
     shared = (
         set.intersection(*(set(overrides) for _, overrides in jobs)) if len(jobs) > 1 else set()

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...data.folder_files import read_bounded
 from .single_file import load_plain
 
 if TYPE_CHECKING:  # torch.distributed.checkpoint takes most of a second to import
     from torch.distributed.checkpoint.metadata import Metadata
 
 METADATA = ".metadata"  # written last by torch.distributed.checkpoint: the shards are complete
+# bytes: an index names each shard of each tensor in a few hundred bytes; this bounds a file
+METADATA_LIMIT = 1 << 30  # read whole before it is unpickled
 META = "meta.pt"  # Lightning's name for everything but the weights and optimizer state
 
 
@@ -197,7 +200,8 @@ def read_shard_metadata(folder: Path) -> Metadata:
             raise UnsafeCheckpoint(
                 f"its {own} is a symbolic link: a checkpoint's files are its own"
             )
-    metadata = MetadataUnpickler(io.BytesIO((folder / METADATA).read_bytes())).load()
+    written = read_bounded(folder / METADATA, METADATA_LIMIT, METADATA, "not a checkpoint's index")
+    metadata = MetadataUnpickler(io.BytesIO(written)).load()
     Schema().metadata(metadata)
     ends: dict[str, int] = {}
     for info in metadata.storage_data.values():
