@@ -2,8 +2,9 @@
 flipped, bytes inserted or repeated, a value at any depth swapped for a huge, deep, non-UTF-8 or
 wrongly typed one), odd files in a valid file's place (a link out of its folder, a pipe, a
 folder, a link to a device that never ends), and the invariant every door keeps: a result or the
-project's one-line ConfigError, within DOOR_SECONDS, never another exception; an odd file in a
-folder's own place is refused, not read.
+project's one-line ConfigError, within DOOR_SECONDS and without raising the process's peak
+memory by more than DOOR_MEMORY, never another exception; an odd file in a folder's own place is
+refused, not read.
 
 Seeded, so a failure names its case; FUZZ_CASES cases a door (`make test` keeps the default,
 `make test-all` runs more)."""
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 from collections.abc import Callable, Iterator
@@ -29,6 +31,7 @@ ODD_VALUES: list[Any] = [
 ]  # fmt: skip
 ODD_FILES = ["link out", "pipe", "folder", "link to a device"]
 DOOR_SECONDS = 60  # a case that takes longer is a hang (a pipe waited on, a loop without end)
+DOOR_MEMORY = 1 << 30  # bytes: a case that needs more allocated what a file claimed, unchecked
 ODD_TEXT = ["1" * 5000, "[" * 100_000, '"\\ud800"', "NaN", "-Infinity", "1e999999"]
 
 
@@ -125,15 +128,23 @@ def door_holds(door: Callable[[], Any], case: str, refused: str | None = None) -
     """The door returns, or raises one line of ConfigError, within DOOR_SECONDS; anything else
     fails the test. `refused`: an odd file that the door must refuse rather than read (a file
     of a folder's own: a link out, a pipe, a folder, a device)."""
+    peak = peak_memory()
     try:
         with within(DOOR_SECONDS, case):
             door()
     except ConfigError as error:
         assert "\n" not in str(error), f"{case}: {error}"
-        return
     except Exception as error:  # what this test looks for
         raise AssertionError(f"{case}: {type(error).__name__}: {error}"[:2000]) from error
-    assert refused is None, f"{case}: {refused} was read, not refused"
+    else:
+        assert refused is None, f"{case}: {refused} was read, not refused"
+    grown = peak_memory() - peak
+    assert grown <= DOOR_MEMORY, f"{case}: the process's peak memory grew by {grown >> 20} MiB"
+
+
+def peak_memory() -> int:
+    """Bytes: the most this process has held in memory so far (Linux counts in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def must_refuse(kind: str, own_file: bool) -> str | None:

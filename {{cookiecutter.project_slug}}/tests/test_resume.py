@@ -251,8 +251,11 @@ def test_every_error_a_save_meets_is_one_line_naming_the_checkpoint(
     path = tmp_path / "last.ckpt"
     atomic_torch_save({"global_step": 1}, path)
 
-    def failing(*args: object, **kwargs: object) -> None:
-        raise OSError(code, os.strerror(code))
+    def failing(first: object, second: object, *args: object, **kwargs: object) -> None:
+        """Fails as the system call would, naming the temporary file (and the target)."""
+        if stage == "writing":  # torch.save(obj, file): the open temporary file
+            raise OSError(code, os.strerror(code), str(getattr(second, "name", second)))
+        raise OSError(code, os.strerror(code), str(first), None, str(second))
 
     if stage == "writing":
         monkeypatch.setattr(saving.torch, "save", failing)

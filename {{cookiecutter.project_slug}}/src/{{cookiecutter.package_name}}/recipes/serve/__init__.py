@@ -31,7 +31,7 @@ from .app import build_app
 from .batching import Served
 from .classification import Classification
 from .generation import Generation
-from .server import Server, guarded_protocol, listening_socket, url_of
+from .server import Server, guarded_protocol, hold_repeats, listening_socket, url_of
 from .settings import Settings, check_settings, resolve_device
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ def serve_checkpoint(
         http=guarded_protocol(settings.connections, settings.header_seconds),
         timeout_graceful_shutdown=GRACE_SECONDS,
     )  # fmt: skip
+    hold_repeats()
     server = Server(config)
     server.url = url_of(listener)
     server.scheduler, server.shutdown_timeout = app.state.scheduler, settings.shutdown_timeout

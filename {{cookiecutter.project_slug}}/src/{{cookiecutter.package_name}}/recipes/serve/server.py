@@ -108,6 +108,38 @@ class Server(uvicorn.Server):
             log.info("Serving at %s (stop with Ctrl-C or SIGTERM)", self.url)
 
 
+class RepeatsHeld(logging.Filter):
+    """A warning that hostile or broken clients can cause once a request (uvicorn's "Invalid HTTP
+    request received.") is logged the first time, then at most once every `seconds` with how
+    many like it were held back: the log does not grow with each attempt."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key, now = str(record.msg), time.monotonic()
+        if key in self.last and now - self.last[key] < self.seconds:
+            self.held[key] = self.held.get(key, 0) + 1
+            return False
+        self.last[key] = now
+        held = self.held.pop(key, 0)
+        if held:
+            record.msg = f"{record.msg} ({held} more like it in the last {self.seconds:g} s)"
+        return True
+
+
+def hold_repeats() -> None:
+    """RepeatsHeld on uvicorn's own logger, once."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, RepeatsHeld) for f in logger.filters):
+        logger.addFilter(RepeatsHeld())
+
+
 def refusal(status: int, reason: str, message: str) -> bytes:
     """A whole HTTP response that closes the connection: one JSON line."""
     body = json.dumps({"error": message}).encode()
