@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,30 @@ def wandb_records(run_file: Path) -> list[Any]:
     return records
 
 
+def settled_records(run_file: Path, seconds: float = 60) -> list[Any]:
+    """The run file's records once wandb's writer (a process of its own) has written its run
+    record and stopped growing the file: on a loaded machine it may still be writing when
+    `wandb.finish` returns. Waits at most `seconds`; a file that never settles is read as it is."""
+    deadline = time.monotonic() + seconds
+    while True:
+        size = run_file.stat().st_size
+        if time.monotonic() > deadline:
+            return wandb_records(run_file)
+        try:
+            records = wandb_records(run_file)
+        except Exception:  # a record half written
+            records = []
+        has_run = any(record.WhichOneof("record_type") == "run" for record in records)
+        time.sleep(0.2)
+        if has_run and run_file.stat().st_size == size:
+            return records
+
+
 class WandbRun:
     """One offline run file: its run record, its config and its history, as wandb wrote them."""
 
     def __init__(self, run_file: Path) -> None:
-        self.records = wandb_records(run_file)
+        self.records = settled_records(run_file)
         kinds = [record.WhichOneof("record_type") for record in self.records]
         assert kinds.count("run") == 1, "one run per run file"
         typed = list(zip(kinds, self.records, strict=True))
