@@ -5,9 +5,9 @@ device or a pipe that never ends. A snapshot of the Hugging Face cache
 (`.../models--<name>/snapshots/<revision>/`) links each file into its repository's `blobs/`, so
 there the folder is the repository's.
 
-Every file a user did not write is read whole through `read_bounded`: as a regular file (a
-device or a pipe is refused before a byte is read, never waited on), of at most a size fixed by
-what the file holds."""
+A file a user did not write that is read whole is read through `read_bounded`: as a regular
+file (a device or a pipe is refused before a byte is read, never waited on), of at most a size
+fixed by what the file holds."""
 
 from __future__ import annotations
 

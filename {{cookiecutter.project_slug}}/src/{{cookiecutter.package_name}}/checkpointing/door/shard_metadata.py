@@ -21,8 +21,7 @@ if TYPE_CHECKING:  # torch.distributed.checkpoint takes most of a second to impo
     from torch.distributed.checkpoint.metadata import Metadata
 
 METADATA = ".metadata"  # written last by torch.distributed.checkpoint: the shards are complete
-# bytes: an index names each shard of each tensor in a few hundred bytes; this bounds a file
-METADATA_LIMIT = 1 << 30  # read whole before it is unpickled
+METADATA_LIMIT = 1 << 30  # bytes: the most of it read (whole) before it is unpickled
 META = "meta.pt"  # Lightning's name for everything but the weights and optimizer state
 
 
