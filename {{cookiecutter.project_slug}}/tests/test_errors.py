@@ -63,6 +63,7 @@ SHORT_RUN = [
 ]  # fmt: skip
 MISSING_DATA = ("data.source=/no/such/corpus", "data.source=/no/such/corpus")
 UNREADABLE_DATA = "data.source={dir}/unreadable/train.txt"
+UNREADABLE_WORDS = "cannot read"
 UNREADABLE_FILES = ("train.txt",)
 SHARDING_ADVICE = "strategy=model_parallel"  # the language model shards itself (FSDP2)
 {%- else %}
@@ -73,6 +74,7 @@ SHORT_RUN = [
 ]  # fmt: skip
 MISSING_DATA = ("data=mnist data.data_dir=/no/such/folder data.download=false", "data.data_dir")
 UNREADABLE_DATA = "data=mnist data.data_dir={dir}/unreadable data.download=false"
+UNREADABLE_WORDS = "cannot be read"
 UNREADABLE_FILES = tuple(
     f"{split}-{kind}"
     for split in ("train", "t10k")
@@ -223,7 +225,7 @@ TRAIN_CASES = {
     "fp16 on CPU": (["trainer.precision=16-mixed"], ["bf16-mixed or 32-true"]),
     "unknown NaN policy": (["callbacks.non_finite.action=ignore"], ["stop or skip"]),
     "missing data path": (MISSING_DATA[0].split(), [MISSING_DATA[1]]),
-    "unreadable data file": (UNREADABLE_DATA.split(), ["cannot be read", "unreadable"]),
+    "unreadable data file": (UNREADABLE_DATA.split(), [UNREADABLE_WORDS, "unreadable"]),
     "ckpt_path a folder": (["ckpt_path={dir}"], ["is a folder", ".ckpt"]),
     "ckpt_path a list": (["ckpt_path={dir}/a_list.ckpt"], ["ckpt_path=", "holds a list"]),
     "ckpt_path with NaN weights": (["ckpt_path={dir}/diverged.ckpt"], ["ckpt_path=", "NaN or infinite", "w, v"]),
