@@ -28,7 +28,6 @@ SHIPPED = "a file the package ships"
 # "module:function" -> why its reads are bounded or trusted.
 LISTED = {
     "data.folder_files:read_bounded": BOUNDED,
-    "sweeps.returns:read_small_file": BOUNDED,
     "checkpointing.door.hugging_face_folder:read_json_fields": DOOR + " (1 MiB, inside its folder)",
     "checkpointing.door.hugging_face_folder:read_safetensors": DOOR + " (sizes checked first)",
     "checkpointing.door.shard_metadata:check_plain_values": DOOR + " (each shard's own span)",

@@ -366,7 +366,7 @@ def test_the_launcher_reads_no_pickle_a_job_left_and_no_record_but_its_own(tmp_p
     record = job_dir / RETURN_FILE
     record.unlink()
     record.symlink_to("/etc/passwd")
-    with pytest.raises(UnreadableReturn, match="cannot be opened"):
+    with pytest.raises(UnreadableReturn, match="cannot be read"):
         read_job_return(job_dir, [])
     record.unlink()
     os.mkfifo(record)
@@ -374,7 +374,7 @@ def test_the_launcher_reads_no_pickle_a_job_left_and_no_record_but_its_own(tmp_p
         read_job_return(job_dir, [])
     record.unlink()
     record.write_bytes(b" " * (2 << 20))
-    with pytest.raises(UnreadableReturn, match="larger than"):
+    with pytest.raises(UnreadableReturn, match="holds more than"):
         read_job_return(job_dir, [])
     rng = random.Random(12)
     for case in range(CASES):

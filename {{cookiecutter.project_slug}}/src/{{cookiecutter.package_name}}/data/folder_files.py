@@ -54,13 +54,18 @@ def file_in_folder(folder: Path, name: str, where: str) -> Path | None:
 
 
 def read_bounded(
-    path: Path, most_bytes: int, what: str, too_large: str = "more than such a file holds"
+    path: Path,
+    most_bytes: int,
+    what: str,
+    too_large: str = "more than such a file holds",
+    follow_links: bool = True,
 ) -> bytes:
     """The bytes of the regular file `path` (links followed: where a folder's own file must stay
     inside it, `file_in_folder` comes first). One error line, `what` first, where it cannot be
     opened, is a folder, a device or a pipe, or holds more than `most_bytes`."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+        descriptor = os.open(path, flags)
     except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
         reason = getattr(error, "strerror", None) or str(error)
         raise ConfigError(f"{what} cannot be read ({reason}).") from None

@@ -9,14 +9,13 @@ table."""
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from ..data.folder_files import read_bounded
 from ..errors import ConfigError, TrainingError
 from ..files import write_text_atomically
 from ..run.lock import FolderInUse
@@ -67,22 +66,11 @@ def write_job_return(job_return: JobReturn) -> None:
 
 def read_small_file(path: Path) -> bytes:
     """A file of a sweep's folders, opened without following a link, as a regular file of at most
-    MOST_BYTES; any failure is one ValueError that says what the file is not."""
+    MOST_BYTES (`read_bounded`); any failure is one ValueError that says what the file is not."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as error:
-        raise ValueError(f"{path.name} cannot be opened ({error.strerror})") from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # before fdopen, which refuses a folder
-        os.close(descriptor)
-        raise ValueError(f"{path.name} is not a regular file")
-    with os.fdopen(descriptor, "rb") as file:
-        try:
-            data = file.read(MOST_BYTES + 1)
-        except OSError as error:
-            raise ValueError(f"{path.name} cannot be read ({error.strerror})") from None
-    if len(data) > MOST_BYTES:
-        raise ValueError(f"{path.name} is larger than {MOST_BYTES} bytes")
-    return data
+        return read_bounded(path, MOST_BYTES, path.name, "not a job's record", follow_links=False)
+    except ConfigError as error:
+        raise ValueError(str(error).rstrip(".")) from None
 
 
 def read_small_json(path: Path) -> Any:
